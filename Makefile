@@ -1,0 +1,38 @@
+# dagsched developer entry points. `make test` is what CI runs (.ci/run).
+
+VENV    := .venv
+PY      := $(VENV)/bin/python
+PIP     := $(VENV)/bin/pip
+STAMP   := $(VENV)/.setup-stamp
+# Pinned on purpose: an unpinned torch lets pip pick a multi-GB CUDA build.
+TORCH   := torch==2.13.0
+DEMO_JOBS ?= 4
+
+.PHONY: setup lint test demo bench clean
+
+setup: $(STAMP)
+
+# Re-runs only when pyproject.toml changes (or the venv is new); otherwise a no-op.
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install --upgrade pip
+	$(PIP) install $(TORCH)
+	$(PIP) install -e '.[dev]'
+	touch $@
+
+lint: setup
+	$(VENV)/bin/ruff check dagsched tests bench
+	$(VENV)/bin/mypy dagsched
+
+test: setup lint
+	$(PY) -m pytest -q
+
+demo: setup
+	$(VENV)/bin/dagsched sim compare --jobs $(DEMO_JOBS) --out .dagsched/demo
+
+bench: setup
+	$(PY) bench/sim_speed.py
+
+clean:
+	rm -rf .pytest_cache .mypy_cache .ruff_cache build dist *.egg-info .dagsched/demo
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +

@@ -1,0 +1,111 @@
+"""Simulator speed: task placements per wall second with least-loaded, faults on.
+
+Runs the default scenario's node mix scaled to 32, 256 and 2,048 nodes on one core, then a
+longer run at 32 nodes under tracemalloc to show memory stays flat as the run grows.
+Prints a table and writes JSON (default bench/results/sim_speed.json).
+
+    .venv/bin/python bench/sim_speed.py [--workflows 1000] [--nodes 32,256,2048]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+import tracemalloc
+from dataclasses import replace
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from dagsched.sim.config import ScenarioConfig
+from dagsched.sim.engine import Simulator
+from dagsched.sim.runner import make_policy, stream_workflows
+
+
+def speed(nodes: int, workflows: int, seed: int = 0) -> dict[str, float]:
+    """Placements per wall second at one cluster size (workload generation excluded)."""
+    base = ScenarioConfig()
+    sc = replace(base, cluster=base.cluster.scaled(nodes))
+    wfs = list(stream_workflows(sc, seed, workflows))
+    sim = Simulator(sc, wfs, seed=seed)
+    t0 = time.perf_counter()
+    m = sim.run(make_policy("least_loaded", seed))
+    wall = time.perf_counter() - t0
+    return {
+        "nodes": sc.cluster.n_nodes,
+        "workflows": workflows,
+        "placements": m["decisions"],
+        "wall_s": wall,
+        "placements_per_s": m["decisions"] / wall,
+        "node_failures": m["node_failures"],
+        "task_failures": m["task_failures"],
+    }
+
+
+def memory(workflows: int, checkpoints: int = 4, seed: int = 0) -> list[dict[str, float]]:
+    """Traced Python memory at evenly spaced points of one long streaming run at 32 nodes."""
+    sc = ScenarioConfig()
+    marks = [round(workflows * (i + 1) / checkpoints) for i in range(checkpoints)]
+    samples: list[dict[str, float]] = []
+
+    def probe(done: int) -> None:
+        if marks and done >= marks[0]:
+            marks.pop(0)
+            current, _ = tracemalloc.get_traced_memory()
+            samples.append({"workflows_done": done, "traced_mib": current / 2**20})
+
+    tracemalloc.start()
+    sim = Simulator(sc, stream_workflows(sc, seed, workflows), seed=seed)
+    sim.run(make_policy("least_loaded", seed), progress=probe)
+    tracemalloc.stop()
+    return samples
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workflows", type=int, default=1000)
+    ap.add_argument("--nodes", default="32,256,2048")
+    ap.add_argument("--memory-workflows", type=int, default=4000)
+    ap.add_argument("--out", type=Path, default=Path("bench/results/sim_speed.json"))
+    args = ap.parse_args()
+
+    rows = [speed(int(n), args.workflows) for n in args.nodes.split(",")]
+    mem = memory(args.memory_workflows)
+
+    console = Console()
+    t = Table(title="Simulator speed (least_loaded, faults on, one core)")
+    for col in ("nodes", "workflows", "placements", "wall s", "placements/s"):
+        t.add_column(col, justify="right")
+    for r in rows:
+        t.add_row(
+            str(r["nodes"]),
+            str(r["workflows"]),
+            str(r["placements"]),
+            f"{r['wall_s']:.2f}",
+            f"{r['placements_per_s']:,.0f}",
+        )
+    console.print(t)
+    m = Table(title="Traced memory over one long run (32 nodes)")
+    m.add_column("workflows done", justify="right")
+    m.add_column("traced MiB", justify="right")
+    for s in mem:
+        m.add_row(str(s["workflows_done"]), f"{s['traced_mib']:.2f}")
+    console.print(m)
+
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    result = {
+        "bench": "sim_speed",
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "speed": rows,
+        "memory": mem,
+    }
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    console.print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,73 @@
+"""Structured logs on stderr: JSON lines for machines, a readable console format for people.
+
+stdout is reserved for command output (tables, `--json`), so every log line goes to stderr.
+Standard-library loggers (ours and third-party ones) are routed through the same renderer.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any, TextIO
+
+import structlog
+
+_HANDLER_NAME = "dagsched"
+
+
+def configure_logging(
+    level: str = "INFO", json: bool | None = None, stream: TextIO | None = None
+) -> None:
+    """Send structlog and stdlib logging at `level` and above to `stream` (default stderr).
+
+    Standard-library loggers outside `dagsched` are held to WARNING and above.
+
+    `json=None` picks JSON when the stream is not a TTY and the console renderer when it is.
+    Safe to call again (e.g. in tests): it replaces the previous configuration.
+    """
+    out = stream if stream is not None else sys.stderr
+    tty = _isatty(out)
+    use_json = not tty if json is None else json
+    level_no = logging.getLevelNamesMapping()[level.upper()]
+
+    shared: list[Any] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+    renderer: Any
+    if use_json:
+        shared += [structlog.processors.StackInfoRenderer(), structlog.processors.format_exc_info]
+        renderer = structlog.processors.JSONRenderer()
+    else:
+        renderer = structlog.dev.ConsoleRenderer(colors=tty)
+
+    structlog.configure(
+        processors=[*shared, renderer],
+        wrapper_class=structlog.make_filtering_bound_logger(level_no),
+        logger_factory=structlog.PrintLoggerFactory(file=out),
+        cache_logger_on_first_use=False,
+    )
+
+    handler = logging.StreamHandler(out)
+    handler.set_name(_HANDLER_NAME)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=shared,
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+        )
+    )
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if h.get_name() == _HANDLER_NAME]:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    # Third-party libraries chatter at INFO (matplotlib's font cache, say): WARNING and up only.
+    root.setLevel(max(level_no, logging.WARNING))
+    logging.getLogger("dagsched").setLevel(level_no)
+
+
+def _isatty(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # closed or fake streams
+        return False

@@ -1,0 +1,220 @@
+"""Plain, frozen configuration of a simulated scenario: cluster, network, faults, workload, reward.
+
+These are standard-library dataclasses so the simulator stays free of pydantic; the typed
+settings object (`dagsched.settings`) validates them from YAML and the environment. Each
+dataclass rejects unknown keys (`__pydantic_config__`) and checks its own ranges in
+`__post_init__`, naming the offending field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar
+
+from dagsched.sim.workflow import TASK_TYPE_NAMES
+
+# Read by pydantic when these dataclasses are fields of a settings model: unknown keys are errors.
+_FORBID: dict[str, Any] = {"extra": "forbid"}
+
+NODE_KINDS: tuple[str, ...] = ("cpu", "gpu", "io", "mem")
+
+
+def _check(cond: bool, name: str, msg: str) -> None:
+    if not cond:
+        raise ValueError(f"{name}: {msg}")
+
+
+@dataclass(frozen=True)
+class NodeGroup:
+    """`count` identical nodes of one kind."""
+
+    __pydantic_config__: ClassVar[dict[str, Any]] = _FORBID
+
+    kind: str
+    count: int
+    cores: float
+    mem_gb: float
+    gpu_mem_gb: float = 0.0
+    disk_gb: float = 1000.0
+    net_gbps: float = 25.0
+
+    def __post_init__(self) -> None:
+        _check(self.kind in NODE_KINDS, "kind", f"must be one of {NODE_KINDS}, got {self.kind!r}")
+        _check(self.count >= 0, "count", "must be >= 0")
+        _check(self.cores > 0, "cores", "must be > 0")
+        _check(self.mem_gb > 0, "mem_gb", "must be > 0")
+        _check(self.gpu_mem_gb >= 0, "gpu_mem_gb", "must be >= 0")
+        _check(self.net_gbps > 0, "net_gbps", "must be > 0")
+
+
+def _default_groups() -> tuple[NodeGroup, ...]:
+    return (
+        NodeGroup("cpu", 8, cores=32, mem_gb=128, net_gbps=25),
+        NodeGroup("gpu", 8, cores=16, mem_gb=128, gpu_mem_gb=80, net_gbps=25),
+        NodeGroup("io", 8, cores=16, mem_gb=64, disk_gb=8000, net_gbps=50),
+        NodeGroup("mem", 8, cores=16, mem_gb=512, net_gbps=25),
+    )
+
+
+def _default_speed() -> dict[str, dict[str, float]]:
+    # rows: node kind; columns: task type. A GPU task is ~16x faster on a GPU node than off it.
+    return {
+        "cpu": {"cpu": 1.5, "io": 0.8, "gpu": 0.25, "mem": 1.0},
+        "gpu": {"cpu": 1.0, "io": 0.8, "gpu": 4.0, "mem": 1.0},
+        "io": {"cpu": 0.8, "io": 2.5, "gpu": 0.25, "mem": 0.9},
+        "mem": {"cpu": 1.0, "io": 0.9, "gpu": 0.25, "mem": 2.0},
+    }
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """Node shapes, per-type speed factors and the zone network."""
+
+    __pydantic_config__: ClassVar[dict[str, Any]] = _FORBID
+
+    groups: tuple[NodeGroup, ...] = field(default_factory=_default_groups)
+    speed: dict[str, dict[str, float]] = field(default_factory=_default_speed)
+    zones: int = 4
+    intra_zone_latency_ms: float = 1.0
+    inter_zone_latency_ms: tuple[float, float] = (10.0, 100.0)
+    inter_zone_gbps: tuple[float, float] = (1.0, 10.0)
+
+    def __post_init__(self) -> None:
+        _check(sum(g.count for g in self.groups) > 0, "groups", "the cluster needs >= 1 node")
+        for kind in {g.kind for g in self.groups}:
+            row = self.speed.get(kind)
+            _check(row is not None, "speed", f"no speed row for node kind {kind!r}")
+            assert row is not None
+            for t in TASK_TYPE_NAMES:
+                _check(row.get(t, 0) > 0, "speed", f"speed[{kind}][{t}] must be > 0")
+        _check(self.zones >= 1, "zones", "must be >= 1")
+        lo, hi = self.inter_zone_latency_ms
+        _check(0 <= lo <= hi, "inter_zone_latency_ms", "must be [low, high] with 0 <= low <= high")
+        lo, hi = self.inter_zone_gbps
+        _check(0 < lo <= hi, "inter_zone_gbps", "must be [low, high] with 0 < low <= high")
+
+    @property
+    def n_nodes(self) -> int:
+        return sum(g.count for g in self.groups)
+
+    def scaled(self, n_nodes: int) -> ClusterConfig:
+        """The same mix of node kinds at another total size (at least one node per group)."""
+        total = self.n_nodes
+        groups = tuple(
+            replace(g, count=max(1, round(g.count * n_nodes / total)))
+            for g in self.groups
+            if g.count
+        )
+        return replace(self, groups=groups)
+
+
+@dataclass(frozen=True)
+class FaultConfig:
+    """Node crashes (Poisson per node-hour, exponential repair) and transient task failures."""
+
+    __pydantic_config__: ClassVar[dict[str, Any]] = _FORBID
+
+    node_failure_per_hour: float = 0.032
+    repair_mean_s: float = 600.0
+    transient_task_failure: float = 0.01
+
+    def __post_init__(self) -> None:
+        _check(self.node_failure_per_hour >= 0, "node_failure_per_hour", "must be >= 0")
+        _check(self.repair_mean_s > 0, "repair_mean_s", "must be > 0")
+        _check(0 <= self.transient_task_failure < 1, "transient_task_failure", "must be in [0, 1)")
+
+    @property
+    def enabled(self) -> bool:
+        return self.node_failure_per_hour > 0 or self.transient_task_failure > 0
+
+
+@dataclass(frozen=True)
+class WorkloadConfig:
+    """How workflows are generated and how fast they arrive."""
+
+    __pydantic_config__: ClassVar[dict[str, Any]] = _FORBID
+
+    workflows: int = 200
+    load: float = 0.8
+    size: tuple[int, int] = (8, 40)
+    max_out: int = 4
+    alpha: tuple[float, float] = (0.5, 1.5)
+    beta: tuple[float, float] = (0.2, 1.0)
+    template_share: float = 0.5
+    templates: tuple[str, ...] = (
+        "mapreduce",
+        "spark_shuffle",
+        "cicd_chain",
+        "fork_join",
+        "etl",
+        "ml_training",
+        "montage",
+    )
+    type_mix: dict[str, float] = field(
+        default_factory=lambda: {"cpu": 0.45, "io": 0.2, "gpu": 0.15, "mem": 0.2}
+    )
+    base_duration_s: float = 20.0
+    long_task_share: float = 0.2
+    slack: tuple[float, float] = (1.5, 3.0)
+    demand_noise: float = 0.15
+    edge_drop: tuple[float, float] = (0.05, 0.10)
+    cold_start_max_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        _check(self.workflows >= 1, "workflows", "must be >= 1")
+        _check(0 < self.load <= 2, "load", "must be in (0, 2]")
+        _check(
+            2 <= self.size[0] <= self.size[1], "size", "must be [low, high] with 2 <= low <= high"
+        )
+        _check(self.max_out >= 1, "max_out", "must be >= 1")
+        _check(
+            0 < self.alpha[0] <= self.alpha[1], "alpha", "must be [low, high] with 0 < low <= high"
+        )
+        _check(
+            0 <= self.beta[0] <= self.beta[1], "beta", "must be [low, high] with 0 <= low <= high"
+        )
+        _check(0 <= self.template_share <= 1, "template_share", "must be in [0, 1]")
+        _check(abs(sum(self.type_mix.values()) - 1) < 1e-6, "type_mix", "shares must sum to 1")
+        _check(
+            set(self.type_mix) <= set(TASK_TYPE_NAMES), "type_mix", f"keys from {TASK_TYPE_NAMES}"
+        )
+        _check(self.base_duration_s > 0, "base_duration_s", "must be > 0")
+        _check(0 <= self.long_task_share <= 1, "long_task_share", "must be in [0, 1]")
+        _check(
+            1 <= self.slack[0] <= self.slack[1],
+            "slack",
+            "must be [low, high] with 1 <= low <= high",
+        )
+        _check(self.demand_noise >= 0, "demand_noise", "must be >= 0")
+        lo, hi = self.edge_drop
+        _check(0 <= lo <= hi < 1, "edge_drop", "must be [low, high] within [0, 1)")
+        _check(self.cold_start_max_s >= 0, "cold_start_max_s", "must be >= 0")
+
+
+@dataclass(frozen=True)
+class RewardWeights:
+    """Weights of the per-decision reward terms; the deadline penalty grows with lateness."""
+
+    __pydantic_config__: ClassVar[dict[str, Any]] = _FORBID
+
+    deadline: float = 0.4
+    cost: float = 0.2
+    fairness: float = 0.2
+    stability: float = 0.1
+    network: float = 0.15
+
+    def __post_init__(self) -> None:
+        for name in ("deadline", "cost", "fairness", "stability", "network"):
+            _check(getattr(self, name) >= 0, name, "must be >= 0")
+
+
+@dataclass(frozen=True)
+class ScenarioConfig:
+    """Everything a simulation run needs besides the policy and the seed."""
+
+    __pydantic_config__: ClassVar[dict[str, Any]] = _FORBID
+
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    faults: FaultConfig = field(default_factory=FaultConfig)
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    reward: RewardWeights = field(default_factory=RewardWeights)

@@ -1,0 +1,432 @@
+"""Discrete-event simulator: workflows arrive, tasks become ready, a policy places them,
+nodes run, fail and recover.
+
+One `heapq` of `(time, seq, kind, obj, token)` drives everything; `seq` breaks ties so the run
+is deterministic, and `token` lets a finished or failed attempt's stale events be ignored.
+The simulator owns its random generators (one stream per concern, spawned from the seed) and
+does no I/O.
+
+Time semantics of one attempt on a node: the reservation is taken at `start_s`; the task
+first waits for its inputs from parents on other nodes (the slowest transfer) and its cold
+start, then computes from `compute_start_s` for `duration / speed x max(1, demand / reserved)`.
+A memory reservation below demand is OOM-killed when usage (growing linearly with progress)
+crosses it. Completed outputs are assumed durable: a node failure loses running attempts,
+not finished outputs.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import random
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import numpy as np
+
+from dagsched.sim.cluster import Cluster
+from dagsched.sim.config import ScenarioConfig
+from dagsched.sim.metrics import Metrics
+from dagsched.sim.reward import TaskOutcome, decision_reward
+from dagsched.sim.state import (
+    CPU_BOUNDS,
+    MEM_BOUNDS,
+    RETRY_BOUNDS,
+    Decision,
+    FailureKind,
+    Policy,
+    TaskRun,
+    TaskState,
+    WorkflowRun,
+)
+from dagsched.sim.workflow import Workflow
+
+ARRIVAL, FINISH, FAIL, NODE_DOWN, NODE_UP = range(5)
+
+# Module-level aliases: a global lookup is several times cheaper than an enum class attribute.
+_WAITING, _READY, _QUEUED, _RUNNING, _DONE, _CANCELLED = TaskState
+_OOM, _TRANSIENT = FailureKind.OOM, FailureKind.TRANSIENT
+_CPU_LO, _CPU_HI = CPU_BOUNDS
+_MEM_LO, _MEM_HI = MEM_BOUNDS
+_RETRY_LO, _RETRY_HI = RETRY_BOUNDS
+
+OutcomeHook = Callable[[TaskRun, TaskOutcome, float], None]
+
+
+class PolicyError(RuntimeError):
+    """A policy broke the contract: dead node, missing or duplicate decision."""
+
+
+_heappush, _heappop = heapq.heappush, heapq.heappop
+
+
+def _clamp(x: int, lo: int, hi: int) -> int:
+    return lo if x < lo else hi if x > hi else x
+
+
+class Simulator:
+    """Plays workflows on a cluster. Drive it with `run(policy)` or `advance()`/`apply()`."""
+
+    def __init__(
+        self,
+        scenario: ScenarioConfig,
+        workflows: Iterable[Workflow],
+        *,
+        seed: int = 0,
+        on_outcome: OutcomeHook | None = None,
+        keep_log: bool = False,
+    ) -> None:
+        streams = np.random.SeedSequence(seed).spawn(3)
+        cluster_rng, self._fault_rng, task_rng = (np.random.default_rng(s) for s in streams)
+        # Per-attempt draws use the stdlib generator (seeded from the run's SeedSequence):
+        # one numpy scalar draw costs ~15x more, and there are millions of them.
+        self._u: Callable[[], float] = random.Random(int(task_rng.integers(2**63))).random
+        self.scenario = scenario
+        self.cluster = Cluster(
+            scenario.cluster, cluster_rng, scenario.faults.transient_task_failure
+        )
+        self.metrics = Metrics(self.cluster.n)
+        self.weights = scenario.reward
+        self.now = 0.0
+        self.on_outcome = on_outcome
+        # (wf id, task idx, attempt, node, start, compute start, end, outcome, cores, mem)
+        self.log: list[tuple[Any, ...]] | None = [] if keep_log else None
+        self.active: dict[str, WorkflowRun] = {}
+        self._heap: list[tuple[float, int, int, Any, int]] = []
+        self._seq = itertools.count()
+        self._ready: list[TaskRun] = []
+        self._stalled: list[TaskRun] = []  # ready while every node was down
+        self._arrivals: Iterator[Workflow] = iter(workflows)
+        self._arrivals_done = False
+        self._last_arrival = 0.0
+        self._up_since = [0.0] * self.cluster.n
+        self._fail_rate_s = scenario.faults.node_failure_per_hour / 3600.0
+        if self._fail_rate_s > 0:
+            for node in range(self.cluster.n):
+                self._push(self._fault_rng.exponential(1 / self._fail_rate_s), NODE_DOWN, node)
+        self._next_arrival()
+
+    # -- driving ------------------------------------------------------------------------------
+
+    @property
+    def finished(self) -> bool:
+        """No workflow in flight and none left to arrive."""
+        return self._arrivals_done and not self.active
+
+    def run(
+        self,
+        policy: Policy,
+        *,
+        until: float | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> dict[str, Any]:
+        """Run to the end (or simulated time `until`) and return the metrics summary."""
+        ended = 0
+        while (batch := self.advance(until)) is not None:
+            self.apply(policy.decide(self, batch), batch)
+            if progress is not None:
+                n = self.metrics.workflows_done + self.metrics.workflows_failed
+                if n != ended:
+                    ended = n
+                    progress(n)
+        if progress is not None:  # the last workflows end after the last decision
+            progress(self.metrics.workflows_done + self.metrics.workflows_failed)
+        return self.summary()
+
+    def advance(self, until: float | None = None) -> list[TaskRun] | None:
+        """Process events until some tasks need a decision; None when the run is over."""
+        heap = self._heap
+        while True:
+            if self._ready:
+                batch = [t for t in self._ready if t.state == _READY]
+                self._ready = []
+                if batch:
+                    if self.cluster.n_alive:
+                        return batch
+                    self._stalled.extend(batch)
+            if self.finished or not heap or (until is not None and heap[0][0] > until):
+                return None
+            t0 = heap[0][0]
+            self.now = t0
+            while heap and heap[0][0] == t0:
+                _, _, kind, obj, token = _heappop(heap)
+                self._handle(kind, obj, token)
+
+    def apply(self, decisions: Iterable[Decision], batch: list[TaskRun]) -> None:
+        """Place each decided task; every task of `batch` must get exactly one decision."""
+        for d in decisions:
+            self.place(d)
+        for t in batch:
+            if t.state == _READY:
+                raise PolicyError(f"no decision for ready task {t.key}")
+
+    def summary(self) -> dict[str, Any]:
+        """Metrics so far, plus the measured node failure rate."""
+        out = self.metrics.summary()
+        up = self.metrics.node_up_s + sum(
+            self.now - since
+            for since, ok in zip(self._up_since, self.cluster.alive, strict=True)
+            if ok
+        )
+        out["node_hours"] = up / 3600.0
+        out["sim_time_s"] = self.now
+        return out
+
+    # -- events -------------------------------------------------------------------------------
+
+    def _push(self, at: float, kind: int, obj: Any, token: int = 0) -> None:
+        _heappush(self._heap, (at, next(self._seq), kind, obj, token))
+
+    def _handle(self, kind: int, obj: Any, token: int) -> None:
+        if kind == FINISH:
+            if obj.token == token and obj.state == _RUNNING:
+                self._finish(obj)
+        elif kind == ARRIVAL:
+            self._arrive(obj)
+        elif kind == FAIL:
+            task, why = obj
+            if task.token == token and task.state == _RUNNING:
+                self._fail(task, why)
+        elif kind == NODE_DOWN:
+            self._node_down(obj)
+        elif kind == NODE_UP:
+            self._node_up(obj)
+
+    def _next_arrival(self) -> None:
+        wf = next(self._arrivals, None)
+        if wf is None:
+            self._arrivals_done = True
+            return
+        if wf.arrival_s < self._last_arrival:
+            raise ValueError(f"workflow {wf.id} arrives before the one before it")
+        if wf.id in self.active:
+            raise ValueError(f"workflow id {wf.id} is already in flight")
+        self._last_arrival = wf.arrival_s
+        self._push(max(wf.arrival_s, self.now), ARRIVAL, wf)
+
+    def _arrive(self, wf: Workflow) -> None:
+        run = WorkflowRun(wf)
+        self.active[wf.id] = run
+        self.metrics.first_arrival = min(self.metrics.first_arrival, self.now)
+        for t in run.tasks:
+            if t.waiting_parents == 0:
+                self._make_ready(t)
+        self._next_arrival()
+
+    def _make_ready(self, t: TaskRun) -> None:
+        t.state = _READY
+        t.ready_s = self.now
+        self._ready.append(t)
+
+    # -- placement ----------------------------------------------------------------------------
+
+    def place(self, d: Decision) -> None:
+        """Place one ready task now (a queue wait if it does not fit); checks the contract."""
+        t, node, cpu, mem, retries = d
+        c = self.cluster
+        if t.state != _READY:
+            raise PolicyError(f"decision for {t.key}, which is {t.state.name}, not READY")
+        if not (0 <= node < c.n) or not c.alive[node]:
+            raise PolicyError(f"decision for {t.key} picks dead or unknown node {node}")
+        t.node = node
+        t.cpu = cpu = _CPU_LO if cpu < _CPU_LO else _CPU_HI if cpu > _CPU_HI else float(cpu)
+        t.mem = mem = _MEM_LO if mem < _MEM_LO else _MEM_HI if mem > _MEM_HI else float(mem)
+        t.max_retries = _clamp(round(retries), _RETRY_LO, _RETRY_HI)
+        t.res_cores = res_cores = cpu * c.cores_list[node]
+        t.res_mem = res_mem = mem * c.mem_list[node]
+        t.decided_jain = c.jain_fairness()
+        m = self.metrics
+        m.decisions += 1
+        if t.prev_node >= 0 and t.prev_node != node:
+            m.migrations += 1
+        q = c.queues[node]
+        if not q and c.free_cores[node] + 1e-9 >= res_cores and c.free_mem[node] + 1e-9 >= res_mem:
+            self._start(t)
+        else:
+            t.state = _QUEUED
+            q.append(t)
+            c.queue_len[node] += 1
+            c.queued_core_s[node] += self._est_core_s(t)
+
+    def _est_core_s(self, t: TaskRun) -> float:
+        return t.res_cores * t.spec.duration_s / self.cluster.speed_rows[t.node][t.spec.type]
+
+    def _start(self, t: TaskRun) -> None:
+        c, node, now, spec = self.cluster, t.node, self.now, t.spec
+        c.reserve(node, t.res_cores, t.res_mem)
+        c.running[node].add(t)
+        t.state = _RUNNING
+        t.start_s = now
+        t.token += 1
+        m = self.metrics
+        m.wait_sum += now - t.ready_s
+        m.wait_n += 1
+        xfer = nbytes = 0.0
+        tasks, net = t.run.tasks, c.network
+        for p in t.run.wf.parents[t.idx]:
+            parent = tasks[p]
+            if parent.node != node:
+                s = net.transfer_s(parent.node, node, parent.spec.output_bytes)
+                xfer = s if s > xfer else xfer
+                nbytes += parent.spec.output_bytes
+        t.transfer_s, t.transfer_bytes = xfer, nbytes
+        if nbytes > 0:
+            c.receive(node, now, now + xfer, nbytes)
+        slow = spec.cpu_cores / t.res_cores
+        t.compute_s = spec.duration_s / c.speed_rows[node][spec.type] * (slow if slow > 1 else 1.0)
+        t.compute_start_s = now + xfer + spec.cold_start_s
+        if t.res_mem < spec.mem_gb:  # memory grows with progress until it crosses the limit
+            at = t.compute_start_s + t.compute_s * t.res_mem / spec.mem_gb
+            self._push(at, FAIL, (t, _OOM), t.token)
+        elif self._u() < c.transient_failure[node]:
+            at = t.compute_start_s + t.compute_s * self._u()
+            self._push(at, FAIL, (t, _TRANSIENT), t.token)
+        else:
+            self._push(t.compute_start_s + t.compute_s, FINISH, t, t.token)
+
+    def _drain(self, node: int) -> None:
+        c = self.cluster
+        if not c.alive[node]:
+            return
+        q = c.queues[node]
+        while q and c.fits(node, q[0].res_cores, q[0].res_mem):
+            t = q.popleft()
+            c.queue_len[node] -= 1
+            c.queued_core_s[node] -= self._est_core_s(t)
+            self._start(t)
+
+    # -- endings ------------------------------------------------------------------------------
+
+    def _end_attempt(self, t: TaskRun, outcome: str) -> None:
+        """Release the reservation and account its cost; the attempt ends now."""
+        c, node, now = self.cluster, t.node, self.now
+        c.release(node, t.res_cores, t.res_mem)
+        c.running[node].discard(t)
+        t.token += 1
+        t.end_s = now
+        held = now - t.start_s
+        used_cores = t.res_cores if t.res_cores < t.spec.cpu_cores else t.spec.cpu_cores
+        used = used_cores * max(0.0, now - t.compute_start_s)
+        self.metrics.attempt_ended(node, t.res_cores * held, used)
+        if self.log is not None:
+            self.log.append(
+                (
+                    t.run.wf.id,
+                    t.idx,
+                    t.attempt,
+                    node,
+                    t.start_s,
+                    t.compute_start_s,
+                    now,
+                    outcome,
+                    t.res_cores,
+                    t.res_mem,
+                )
+            )
+
+    def _outcome(self, t: TaskRun, failed: bool) -> None:
+        run = t.run
+        late = 0.0 if failed else max(0.0, self.now - run.sub_deadline_s(t.idx))
+        o = TaskOutcome(
+            lateness=late / run.wf.deadline_s,
+            failed=failed,
+            reserved_core_s=t.res_cores * (self.now - t.start_s),
+            ideal_core_s=t.spec.cpu_cores * t.spec.duration_s,
+            jain_at_decision=t.decided_jain,
+            migrated=t.prev_node >= 0 and t.prev_node != t.node,
+            transfer_s=t.transfer_s,
+            compute_s=t.compute_s,
+        )
+        r = decision_reward(o, self.weights)
+        self.metrics.total_reward += r
+        if self.on_outcome is not None:
+            self.on_outcome(t, o, r)
+
+    def _finish(self, t: TaskRun) -> None:
+        self._outcome(t, failed=False)
+        self._end_attempt(t, "done")
+        t.state = _DONE
+        self.metrics.tasks_done += 1
+        run = t.run
+        run.remaining -= 1
+        for ci in run.wf.children[t.idx]:
+            child = run.tasks[ci]
+            child.waiting_parents -= 1
+            if child.waiting_parents == 0:
+                self._make_ready(child)
+        if run.remaining == 0:
+            del self.active[run.wf.id]
+            self.metrics.workflow_finished(run.wf.arrival_s, self.now, run.wf.deadline_s)
+        self._drain(t.node)
+
+    def _fail(self, t: TaskRun, why: FailureKind) -> None:
+        self._outcome(t, failed=True)
+        self._end_attempt(t, why.name.lower())
+        node = t.node
+        self.metrics.task_failures += 1
+        if why == FailureKind.OOM:
+            self.metrics.oom_kills += 1
+        self.cluster.record_failure(node, self.now)
+        t.failures += 1
+        if t.failures > t.max_retries:
+            t.state = _CANCELLED
+            self._fail_workflow(t.run)
+        else:
+            t.prev_node = node
+            t.attempt += 1
+            self._make_ready(t)
+        self._drain(node)
+
+    def _fail_workflow(self, run: WorkflowRun) -> None:
+        """Out of retries: cancel everything of the workflow that is still going."""
+        c = self.cluster
+        run.failed = True
+        del self.active[run.wf.id]
+        self.metrics.workflow_failed(self.now)
+        touched: set[int] = set()
+        for t in run.tasks:
+            if t.state == _RUNNING:
+                self._end_attempt(t, "cancelled")
+                touched.add(t.node)
+            elif t.state == _QUEUED:
+                c.queues[t.node].remove(t)
+                c.queue_len[t.node] -= 1
+                c.queued_core_s[t.node] -= self._est_core_s(t)
+            if t.state != _DONE:
+                t.state = _CANCELLED
+        for node in sorted(touched):
+            self._drain(node)
+
+    # -- node faults --------------------------------------------------------------------------
+
+    def _node_down(self, node: int) -> None:
+        c = self.cluster
+        if not c.alive[node]:
+            return
+        c.set_alive(node, False)
+        self.metrics.node_failures += 1
+        self.metrics.node_up_s += self.now - self._up_since[node]
+        for t in sorted(c.running[node], key=lambda t: (t.run.wf.id, t.idx)):
+            if t.state == _RUNNING:
+                self._fail(t, FailureKind.NODE_DOWN)
+        q = c.queues[node]
+        while q:  # queued work moves elsewhere: it never started here
+            t = q.popleft()
+            t.prev_node = node
+            self._make_ready(t)
+        c.queue_len[node] = 0
+        c.queued_core_s[node] = 0.0
+        c.inbound[node].clear()
+        repair = self._fault_rng.exponential(self.scenario.faults.repair_mean_s)
+        self._push(self.now + repair, NODE_UP, node)
+
+    def _node_up(self, node: int) -> None:
+        c = self.cluster
+        c.set_alive(node, True)
+        self._up_since[node] = self.now
+        self._push(self.now + self._fault_rng.exponential(1 / self._fail_rate_s), NODE_DOWN, node)
+        if self._stalled:
+            for t in self._stalled:
+                if t.state == _READY:
+                    self._ready.append(t)
+            self._stalled = []

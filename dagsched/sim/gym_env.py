@@ -1,0 +1,145 @@
+"""Gymnasium environment `dagsched/Cluster-v0`: one step places one ready task.
+
+Observation (a Dict): `nodes` [n_nodes, len(NODE_FEATURES)], `cluster`, `task`, and
+`action_mask` (1 for alive nodes). Action (a Dict): `node` (Discrete over nodes) and
+`resources` = [CPU reservation 0.1-0.9, memory reservation 0.2-0.8, max retries 1-5].
+A masked (dead) node in the action is replaced by the next alive node and reported in
+`info["invalid_action"]`. The reward of a step is the sum of the per-decision rewards of every
+attempt that ended since the previous step (credit arrives when outcomes are known).
+
+Make it with `gymnasium.make("dagsched/Cluster-v0")` after `register_env()`, or with the
+module-qualified id `"dagsched.sim.gym_env:dagsched/Cluster-v0"`, which imports this module.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from dagsched.sim.config import ClusterConfig, ScenarioConfig, WorkloadConfig
+from dagsched.sim.engine import Simulator
+from dagsched.sim.observe import (
+    CLUSTER_FEATURES,
+    NODE_FEATURES,
+    TASK_FEATURES,
+    cluster_features,
+    node_features,
+    task_features,
+)
+from dagsched.sim.reward import TaskOutcome
+from dagsched.sim.state import CPU_BOUNDS, MEM_BOUNDS, RETRY_BOUNDS, Decision, TaskRun
+from dagsched.sim.workload import WorkloadGenerator
+
+ENV_ID = "dagsched/Cluster-v0"
+
+
+def _small_scenario() -> ScenarioConfig:
+    return ScenarioConfig(
+        cluster=ClusterConfig().scaled(8), workload=WorkloadConfig(workflows=10, size=(4, 12))
+    )
+
+
+class ClusterEnv(gym.Env[dict[str, np.ndarray], dict[str, Any]]):
+    """Place tasks of simulated workflows, one per step, with the hybrid action."""
+
+    metadata = {"render_modes": []}  # noqa: RUF012 - Gymnasium declares it this way
+
+    def __init__(self, scenario: ScenarioConfig | None = None) -> None:
+        self.scenario = scenario or _small_scenario()
+        n = self.scenario.cluster.n_nodes
+        self.observation_space = spaces.Dict(  # type: ignore[assignment]
+            {
+                "nodes": spaces.Box(-np.inf, np.inf, (n, len(NODE_FEATURES)), np.float32),
+                "cluster": spaces.Box(-np.inf, np.inf, (len(CLUSTER_FEATURES),), np.float32),
+                "task": spaces.Box(-np.inf, np.inf, (len(TASK_FEATURES),), np.float32),
+                "action_mask": spaces.MultiBinary(n),
+            }
+        )
+        lo = np.array([CPU_BOUNDS[0], MEM_BOUNDS[0], RETRY_BOUNDS[0]], dtype=np.float32)
+        hi = np.array([CPU_BOUNDS[1], MEM_BOUNDS[1], RETRY_BOUNDS[1]], dtype=np.float32)
+        self.action_space = spaces.Dict(
+            {"node": spaces.Discrete(n), "resources": spaces.Box(lo, hi, dtype=np.float32)}
+        )
+        self.sim: Simulator | None = None
+        self._batch: list[TaskRun] = []
+        self._reward = 0.0
+
+    def _on_outcome(self, t: TaskRun, o: TaskOutcome, r: float) -> None:
+        self._reward += r
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        super().reset(seed=seed)
+        gen = WorkloadGenerator(self.scenario.workload, self.scenario.cluster, self.np_random)
+        sim_seed = int(self.np_random.integers(2**31))
+        self.sim = Simulator(
+            self.scenario, gen.generate(), seed=sim_seed, on_outcome=self._on_outcome
+        )
+        self._reward = 0.0
+        self._batch = []
+        self._next_task()
+        return self._obs(), {}
+
+    def step(
+        self, action: dict[str, Any]
+    ) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
+        sim = self.sim
+        if sim is None or not self._batch:
+            raise RuntimeError("call reset() before step(), and again after the episode ends")
+        task = self._batch.pop(0)
+        node = int(action["node"])
+        alive = sim.cluster.alive
+        invalid = not (0 <= node < sim.cluster.n and alive[node])
+        if invalid:
+            node = next(
+                i % sim.cluster.n
+                for i in range(node + 1, node + 1 + sim.cluster.n)
+                if alive[i % sim.cluster.n]
+            )
+        cpu, mem, retries = (float(x) for x in np.asarray(action["resources"]).reshape(3))
+        sim.place(Decision(task, node, cpu, mem, round(retries)))
+        done = self._next_task()
+        reward, self._reward = self._reward, 0.0
+        info: dict[str, Any] = {"invalid_action": invalid}
+        if done:
+            info["metrics"] = sim.summary()
+        return self._obs(), reward, done, False, info
+
+    def _next_task(self) -> bool:
+        """Advance to the next task needing a decision; True when the episode is over."""
+        assert self.sim is not None
+        while not self._batch:
+            batch = self.sim.advance()
+            if batch is None:
+                return True
+            self._batch = batch
+        return False
+
+    def _obs(self) -> dict[str, np.ndarray]:
+        assert self.sim is not None
+        task = self._batch[0] if self._batch else None
+        nodes = node_features(self.sim, task)
+        return {
+            "nodes": nodes,
+            "cluster": cluster_features(self.sim, nodes),
+            "task": (
+                task_features(self.sim, task)
+                if task is not None
+                else np.zeros(len(TASK_FEATURES), dtype=np.float32)
+            ),
+            "action_mask": np.asarray(self.sim.cluster.alive, dtype=np.int8),
+        }
+
+
+def register_env() -> None:
+    """Register `dagsched/Cluster-v0` with Gymnasium (idempotent)."""
+    if ENV_ID not in gym.registry:
+        gym.register(id=ENV_ID, entry_point="dagsched.sim.gym_env:ClusterEnv")
+
+
+# Gymnasium's "module:env-id" form imports this module and expects it to register the id.
+register_env()

@@ -1,0 +1,102 @@
+"""Run metrics: accumulated by the simulator as things happen, summarised once at the end."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+METRIC_KEYS: tuple[str, ...] = (
+    "workflows",
+    "tasks",
+    "sla_attainment",
+    "mean_jct_s",
+    "p95_jct_s",
+    "mean_wait_s",
+    "makespan_s",
+    "cost_core_s",
+    "waste_core_s",
+    "fairness",
+    "migrations",
+    "task_failures",
+    "oom_kills",
+    "workflows_failed",
+    "node_failures",
+    "decisions",
+    "total_reward",
+)
+
+
+def jain(x: np.ndarray) -> float:
+    """Jain's fairness index of non-negative values: 1 when all equal."""
+    s2 = float((x * x).sum())
+    return float(x.sum() ** 2 / (len(x) * s2)) if s2 > 0 else 1.0
+
+
+class Metrics:
+    """Counters and samples for one run. Memory grows with workflows, not tasks."""
+
+    def __init__(self, n_nodes: int) -> None:
+        self.workflows_done = 0
+        self.workflows_failed = 0
+        self.met_deadline = 0
+        self.jct: list[float] = []
+        self.tasks_done = 0
+        self.wait_sum = 0.0
+        self.wait_n = 0
+        self.cost_core_s = 0.0
+        self.used_core_s = 0.0
+        self.node_core_s = np.zeros(n_nodes)
+        self.migrations = 0
+        self.task_failures = 0
+        self.oom_kills = 0
+        self.node_failures = 0
+        self.node_up_s = 0.0  # node-seconds alive, for the measured failure rate
+        self.decisions = 0
+        self.total_reward = 0.0
+        self.first_arrival = float("inf")
+        self.last_end = 0.0
+
+    def workflow_finished(self, arrival: float, end: float, deadline: float) -> None:
+        """A workflow's last task finished at `end`."""
+        self.workflows_done += 1
+        self.jct.append(end - arrival)
+        if end - arrival <= deadline + 1e-9:
+            self.met_deadline += 1
+        self.last_end = max(self.last_end, end)
+
+    def workflow_failed(self, now: float) -> None:
+        """A workflow ran out of retries."""
+        self.workflows_failed += 1
+        self.last_end = max(self.last_end, now)
+
+    def attempt_ended(self, node: int, reserved_core_s: float, used_core_s: float) -> None:
+        """Account one attempt's reservation (finished, failed or cancelled)."""
+        self.cost_core_s += reserved_core_s
+        self.used_core_s += used_core_s
+        self.node_core_s[node] += reserved_core_s
+
+    def summary(self) -> dict[str, Any]:
+        """Every metric of METRIC_KEYS as plain Python numbers."""
+        n_wf = self.workflows_done + self.workflows_failed
+        jct = np.asarray(self.jct) if self.jct else np.zeros(1)
+        makespan = max(0.0, self.last_end - self.first_arrival) if n_wf else 0.0
+        return {
+            "workflows": n_wf,
+            "tasks": self.tasks_done,
+            "sla_attainment": self.met_deadline / n_wf if n_wf else 0.0,
+            "mean_jct_s": float(jct.mean()),
+            "p95_jct_s": float(np.percentile(jct, 95)),
+            "mean_wait_s": self.wait_sum / self.wait_n if self.wait_n else 0.0,
+            "makespan_s": makespan,
+            "cost_core_s": self.cost_core_s,
+            "waste_core_s": self.cost_core_s - self.used_core_s,
+            "fairness": jain(self.node_core_s),
+            "migrations": self.migrations,
+            "task_failures": self.task_failures,
+            "oom_kills": self.oom_kills,
+            "workflows_failed": self.workflows_failed,
+            "node_failures": self.node_failures,
+            "decisions": self.decisions,
+            "total_reward": self.total_reward,
+        }
