@@ -23,6 +23,12 @@ from pydantic import Field, ValidationError, field_validator
 from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from dagsched.service_config import (
+    DaemonSettings,
+    RegistrySettings,
+    TopicSettings,
+    TrainSettings,
+)
 from dagsched.sim.config import ScenarioConfig
 
 ENV_PREFIX = "DAGSCHED_"
@@ -49,6 +55,21 @@ class Settings(BaseSettings):
     log_level: str = "INFO"
     log_json: bool | None = Field(default=None, description="None: JSON when stderr is no TTY")
     sim: ScenarioConfig = Field(default_factory=ScenarioConfig)
+    # endpoints: one setting each, so any real Kafka, Redis or MLflow server is one line away
+    kafka_bootstrap: str = Field(default="127.0.0.1:9092", description="HOST:PORT[,HOST:PORT]")
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    topic_prefix: str = Field(default="", description="prepended to every topic name")
+    mlflow_tracking_uri: str | None = Field(
+        default=None, description="None: SQLite store and artifacts under `home`"
+    )
+    topics: TopicSettings = Field(default_factory=TopicSettings)
+    daemon: DaemonSettings = Field(default_factory=DaemonSettings)
+    registry: RegistrySettings = Field(default_factory=RegistrySettings)
+    train: TrainSettings = Field(default_factory=TrainSettings)
+
+    def topic(self, name: str) -> str:
+        """The full name of topic `name` ("tasks", "decisions", ...) with the prefix."""
+        return self.topic_prefix + getattr(self.topics, name)
 
     @field_validator("log_level")
     @classmethod

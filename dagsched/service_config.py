@@ -1,0 +1,62 @@
+"""Typed settings of the long-running parts: broker and topics, daemon, registry, training.
+
+Plain pydantic models, nested into `dagsched.settings.Settings`; every one forbids unknown
+keys. Connection endpoints are top-level settings (`kafka_bootstrap`, `redis_url`, ...) so
+they read from the conventional `DAGSCHED_KAFKA_BOOTSTRAP`-style variables.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TopicSettings(_Strict):
+    """Topic names (before `topic_prefix`) and how many partitions the broker creates."""
+
+    tasks: str = "dagsched.tasks"
+    decisions: str = "dagsched.decisions"
+    events: str = "dagsched.events"
+    deadletter: str = "dagsched.deadletter"
+    partitions: int = Field(default=6, ge=1, le=256)
+
+
+class DaemonSettings(_Strict):
+    """The scheduling daemon's batching, limits, A/B split and reload cadence."""
+
+    group_id: str = "dagsched-daemon"
+    batch_max: int = Field(default=64, ge=1, le=10_000)
+    batch_wait_ms: float = Field(default=5.0, ge=0, le=10_000)
+    fetch_max_wait_ms: int = Field(default=5, ge=2, le=1000)
+    max_dag_tasks: int = Field(default=5000, ge=1)
+    challenger_share: float = Field(default=0.1, ge=0, le=1)
+    reload_poll_s: float = Field(default=5.0, gt=0)
+    grace_s: float = Field(default=10.0, gt=0)
+    metrics_port: int = Field(default=9464, ge=0, le=65535)
+    fallback_policy: str = "least_loaded"
+
+
+class RegistrySettings(_Strict):
+    """MLflow model registry names."""
+
+    model_name: str = "dagsched-policy"
+    experiment: str = "dagsched"
+
+
+class TrainSettings(_Strict):
+    """PPO hyper-parameters (CleanRL names)."""
+
+    learning_rate: float = Field(default=3e-4, gt=0)
+    gamma: float = Field(default=0.995, gt=0, le=1)
+    gae_lambda: float = Field(default=0.95, ge=0, le=1)
+    clip_coef: float = Field(default=0.2, gt=0)
+    ent_coef: float = Field(default=0.01, ge=0)
+    vf_coef: float = Field(default=0.5, ge=0)
+    max_grad_norm: float = Field(default=0.5, gt=0)
+    minibatch_size: int = Field(default=64, ge=1)
+    update_epochs: int = Field(default=10, ge=1)
+    max_rollout: int = Field(default=2048, ge=64)
+    num_envs: int = Field(default=4, ge=1)

@@ -1,0 +1,103 @@
+"""Plain snapshots of what a scheduler may look at: the cluster's nodes and one ready task.
+
+The simulator builds them from its own state (`cluster_view`, `task_view`); the daemon builds
+the same types from live cluster state in Redis. Policies consume only these, so one encoder
+serves both, and a model trained in simulation runs unchanged in production.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from dagsched.sim.state import TaskRun, TaskState
+from dagsched.sim.workflow import Workflow
+
+if TYPE_CHECKING:
+    from dagsched.sim.engine import Simulator
+
+
+@dataclass(slots=True)
+class ClusterView:
+    """Per-node arrays (length n) at time `now`. `speed` is [n, 4]: node speed per task type."""
+
+    now: float
+    node_ids: list[str]
+    kind: np.ndarray  # int index into NODE_KINDS
+    zone: np.ndarray  # int
+    cores: np.ndarray
+    mem_gb: np.ndarray
+    gpu_mem_gb: np.ndarray
+    net_gbps: np.ndarray
+    speed: np.ndarray
+    alive: np.ndarray  # bool
+    free_cores: np.ndarray
+    free_mem: np.ndarray
+    queue_len: np.ndarray
+    queued_core_s: np.ndarray
+    net_in_bytes: np.ndarray
+    failure_rate: np.ndarray
+
+    @property
+    def n(self) -> int:
+        return len(self.node_ids)
+
+
+@dataclass(slots=True)
+class TaskView:
+    """One task to place, with its whole workflow and where the workflow stands."""
+
+    workflow: Workflow
+    idx: int
+    attempt: int
+    done: np.ndarray  # bool per task of the workflow
+    active: np.ndarray  # bool per task: ready, queued or running
+    parent_nodes: list[int]  # node index each parent ran on (-1 unknown), as wf.parents[idx]
+    prev_node: int  # node of the previous failed attempt, -1 if none
+    sub_deadline_s: float  # absolute time the task should finish by
+
+    @property
+    def key(self) -> str:
+        return f"{self.workflow.id}/{self.idx}"
+
+
+def cluster_view(sim: Simulator) -> ClusterView:
+    """The simulator's cluster now, as a `ClusterView`."""
+    c, now = sim.cluster, sim.now
+    return ClusterView(
+        now=now,
+        node_ids=[f"node-{i:04d}" for i in range(c.n)],
+        kind=c.kind_idx.copy(),
+        zone=np.array([x.zone for x in c.nodes]),
+        cores=c.cores,
+        mem_gb=c.mem_gb,
+        gpu_mem_gb=c.gpu_mem_gb,
+        net_gbps=c.net_gbps,
+        speed=c.speed,
+        alive=np.array(c.alive, dtype=bool),
+        free_cores=np.array(c.free_cores),
+        free_mem=np.array(c.free_mem),
+        queue_len=np.array(c.queue_len, dtype=float),
+        queued_core_s=np.array(c.queued_core_s),
+        net_in_bytes=np.array([c.net_in_bytes(i, now) for i in range(c.n)]),
+        failure_rate=np.array([c.failure_rate(i, now) for i in range(c.n)]),
+    )
+
+
+def task_view(t: TaskRun) -> TaskView:
+    """A ready task of the simulator as a `TaskView`."""
+    run = t.run
+    states = np.array([x.state for x in run.tasks])
+    return TaskView(
+        workflow=run.wf,
+        idx=t.idx,
+        attempt=t.attempt,
+        done=states == TaskState.DONE,
+        active=(states == TaskState.READY) | (states == TaskState.QUEUED)
+        | (states == TaskState.RUNNING),
+        parent_nodes=[run.tasks[p].node for p in run.wf.parents[t.idx]],
+        prev_node=t.prev_node,
+        sub_deadline_s=run.sub_deadline_s(t.idx),
+    )
