@@ -14,6 +14,8 @@ setup: $(STAMP)
 
 # Re-runs only when pyproject.toml changes (or the venv is new); otherwise a no-op.
 $(STAMP): pyproject.toml
+	# the daemon tests start a private redis-server; install it where it is missing (CI is root)
+	command -v redis-server >/dev/null || (apt-get update && apt-get install -y redis-server)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install --upgrade pip
 	$(PIP) install $(TORCH)

@@ -9,8 +9,12 @@ from pathlib import Path
 
 import typer
 
+from dagsched.cli.model_cmds import eval_cmd, models_app
+from dagsched.cli.service_cmds import broker_cmd, daemon_cmd, replay_cmd, updater_cmd
 from dagsched.cli.sim_cmds import sim_app
 from dagsched.cli.state import CliState, help_without_command
+from dagsched.cli.train_cmds import train_cmd
+from dagsched.registry.errors import RegistryError
 from dagsched.settings import SettingsError
 from dagsched.sim.workflow import WorkflowError
 
@@ -20,6 +24,7 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
     WorkflowError,
     OSError,
     json.JSONDecodeError,
+    RegistryError,
 )
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -55,6 +60,13 @@ def root(
 
 
 app.add_typer(sim_app, name="sim")
+sim_app.command("replay")(replay_cmd)
+app.command("broker")(broker_cmd)
+app.command("daemon")(daemon_cmd)
+app.command("updater")(updater_cmd)
+app.command("train")(train_cmd)
+app.add_typer(models_app, name="models")
+app.command("eval")(eval_cmd)
 
 
 def error_line(message: object) -> str:

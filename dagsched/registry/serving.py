@@ -1,12 +1,9 @@
-"""Loading servable schedulers from the registry by alias (the daemon's only entry point).
-
-Placeholder until the policy/registry issue lands: no model is ever registered, so every
-caller serves its heuristic fallback. The signatures are the contract.
-"""
+"""Loading servable schedulers from the registry by alias (the daemon's entry point)."""
 
 from __future__ import annotations
 
 from dagsched.policy.api import Scheduler
+from dagsched.registry.errors import RegistryError
 from dagsched.settings import Settings
 
 MODEL_CHANNEL = "dagsched:models"  # Redis pub/sub channel (prefixed by topic_prefix)
@@ -20,12 +17,28 @@ def model_channel(settings: Settings) -> str:
 def alias_version(settings: Settings, alias: str) -> str | None:
     """The registry version that `alias` ("champion", "challenger") points at, or None.
 
-    Raises `RegistryError` only when the registry itself is unreachable.
+    When nothing is registered yet the shipped champion is registered first. Raises
+    `RegistryError` when the registry itself is unreachable.
     """
-    return None
+    from dagsched.registry.store import CHAMPION, Registry
+
+    try:
+        reg = Registry(settings)
+        if alias == CHAMPION:
+            reg.ensure_champion()
+        return reg.alias_version(alias)
+    except RegistryError:
+        raise
+    except Exception as exc:  # MLflow raises many kinds when its store is unreachable
+        raise RegistryError(f"registry unreachable: {exc}") from exc
 
 
 def load_alias(settings: Settings, alias: str) -> tuple[str, Scheduler] | None:
     """The scheduler behind `alias`, verified (checksums + smoke inference), or None when no
     version carries the alias. Raises `RegistryError` when the version is refused."""
-    return None
+    from dagsched.registry.store import Registry
+
+    version = alias_version(settings, alias)
+    if version is None:
+        return None
+    return f"v{version}", Registry(settings).load(version)

@@ -16,6 +16,7 @@ not finished outputs.
 
 from __future__ import annotations
 
+import copy
 import heapq
 import itertools
 import random
@@ -159,6 +160,25 @@ class Simulator:
         for t in batch:
             if t.state == _READY:
                 raise PolicyError(f"no decision for ready task {t.key}")
+
+    def fork(self) -> tuple[Simulator, dict[int, Any]]:
+        """An independent copy for look-ahead planning, and the deepcopy memo mapping
+        `id(original object)` to its copy. Immutable parts (workflows, the network, the
+        scenario) are shared; hooks and the attempt log are not carried over."""
+        rest = list(self._arrivals)
+        self._arrivals = iter(rest)
+        memo: dict[int, Any] = {id(wf): wf for wf in rest}
+        for run in self.active.values():
+            memo[id(run.wf)] = run.wf
+        for shared in (self.cluster.network, self.cluster.nodes, self.scenario, self.weights):
+            memo[id(shared)] = shared
+        hook, log = self.on_outcome, self.log
+        self.on_outcome, self.log = None, None
+        try:
+            clone = copy.deepcopy(self, memo)
+        finally:
+            self.on_outcome, self.log = hook, log
+        return clone, memo
 
     def summary(self) -> dict[str, Any]:
         """Metrics so far, plus the measured node failure rate."""

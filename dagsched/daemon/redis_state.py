@@ -1,0 +1,371 @@
+"""Cluster state in Redis: nodes, workflows, reservations and the decision store.
+
+Every key starts with `{topic_prefix}dagsched:` so two stacks can share one Redis.
+
+| key | type | holds |
+|---|---|---|
+| `nodes` | set | node ids seen in heartbeats |
+| `node:{id}` | hash | static shape, telemetry, `alive`, and the reservation ledger's `free_cores`, `free_mem`, `queue_len`, `queued_core_s` |
+| `led:{wf}/{task}:{attempt}` | hash | one placement: node, cores, mem, est. core-s, state `r` (holds a reservation) or `q` (waits in the node's queue) |
+| `nodeled:{id}` | set | ledger keys on a node (dropped when it goes down) |
+| `dec:{wf}/{task}:{attempt}` | string | the decision's JSON, written once (SET NX semantics) |
+| `wf:{id}` | string | the workflow message JSON |
+| `wfdone:{id}`, `wfactive:{id}` | sets | task indices done / decided and not done |
+| `wfnode:{id}` | hash | task index -> node id of its latest started attempt |
+| `clock` | string | latest event time (job-queue clock) |
+
+A decision, its reservation and its ledger entry are written by one Lua script, so two
+replicas racing on the same task converge on one decision (the loser gets the winner's), and
+two replicas racing on one node never reserve more than it has: a task that does not fit is
+queued on the node (as the executor would queue it), not over-reserved.
+"""  # noqa: E501
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from dagsched.schemas.messages import (
+    NodeDownMsg,
+    NodeHeartbeatMsg,
+    NodeUpMsg,
+    TaskFailedMsg,
+    TaskFinishedMsg,
+    TaskStartedMsg,
+)
+from dagsched.settings import Settings
+from dagsched.sim.config import NODE_KINDS
+from dagsched.sim.view import ClusterView
+from dagsched.sim.workflow import TASK_TYPE_NAMES
+
+DECISION_TTL_S = 7 * 24 * 3600
+WORKFLOW_TTL_S = 7 * 24 * 3600
+
+# KEYS: dec, node, ledger, nodeled, wfactive
+# ARGV: decision json, node id, cores, mem, est core-s, task idx, mode (fit|queue|force), ttl
+DECIDE_LUA = """
+local prev = redis.call('GET', KEYS[1])
+if prev then return {'dup', prev} end
+if redis.call('HGET', KEYS[2], 'alive') ~= '1' then
+  if ARGV[7] ~= 'force' then return {'dead', ''} end
+  -- resync after an outage: keep the decision; the node is gone or not heard of yet
+  redis.call('SET', KEYS[1], ARGV[1], 'EX', tonumber(ARGV[8]))
+  redis.call('SADD', KEYS[5], ARGV[6])
+  return {'q', ''}
+end
+local fc = tonumber(redis.call('HGET', KEYS[2], 'free_cores') or '0')
+local fm = tonumber(redis.call('HGET', KEYS[2], 'free_mem') or '0')
+local ql = tonumber(redis.call('HGET', KEYS[2], 'queue_len') or '0')
+local c = tonumber(ARGV[3])
+local m = tonumber(ARGV[4])
+local state = 'r'
+if ql == 0 and fc + 1e-9 >= c and fm + 1e-9 >= m then
+  redis.call('HINCRBYFLOAT', KEYS[2], 'free_cores', -c)
+  redis.call('HINCRBYFLOAT', KEYS[2], 'free_mem', -m)
+else
+  if ARGV[7] == 'fit' then return {'nofit', ''} end
+  redis.call('HINCRBY', KEYS[2], 'queue_len', 1)
+  redis.call('HINCRBYFLOAT', KEYS[2], 'queued_core_s', ARGV[5])
+  state = 'q'
+end
+redis.call('SET', KEYS[1], ARGV[1], 'EX', tonumber(ARGV[8]))
+redis.call('HSET', KEYS[3], 'node', ARGV[2], 'cores', ARGV[3], 'mem', ARGV[4],
+           'core_s', ARGV[5], 'state', state)
+redis.call('SADD', KEYS[4], KEYS[3])
+redis.call('SADD', KEYS[5], ARGV[6])
+return {state, ''}
+"""
+
+# KEYS: ledger, node hash, nodeled. ARGV: 'start' | 'end'
+LEDGER_LUA = """
+local st = redis.call('HGET', KEYS[1], 'state')
+if not st then return 0 end
+local c = tonumber(redis.call('HGET', KEYS[1], 'cores'))
+local m = tonumber(redis.call('HGET', KEYS[1], 'mem'))
+local cs = tonumber(redis.call('HGET', KEYS[1], 'core_s'))
+if ARGV[1] == 'start' then
+  if st == 'q' then
+    redis.call('HINCRBY', KEYS[2], 'queue_len', -1)
+    redis.call('HINCRBYFLOAT', KEYS[2], 'queued_core_s', -cs)
+    redis.call('HINCRBYFLOAT', KEYS[2], 'free_cores', -c)
+    redis.call('HINCRBYFLOAT', KEYS[2], 'free_mem', -m)
+    redis.call('HSET', KEYS[1], 'state', 'r')
+  end
+  return 1
+end
+if st == 'r' then
+  redis.call('HINCRBYFLOAT', KEYS[2], 'free_cores', c)
+  redis.call('HINCRBYFLOAT', KEYS[2], 'free_mem', m)
+else
+  redis.call('HINCRBY', KEYS[2], 'queue_len', -1)
+  redis.call('HINCRBYFLOAT', KEYS[2], 'queued_core_s', -cs)
+end
+redis.call('DEL', KEYS[1])
+redis.call('SREM', KEYS[3], KEYS[1])
+return 1
+"""
+
+# KEYS: node hash, nodeled. ARGV: alive (0|1). A node that goes down or comes back is empty.
+RESET_NODE_LUA = """
+local led = redis.call('SMEMBERS', KEYS[2])
+for _, k in ipairs(led) do redis.call('DEL', k) end
+redis.call('DEL', KEYS[2])
+local cores = redis.call('HGET', KEYS[1], 'cores')
+if not cores then return 0 end
+redis.call('HSET', KEYS[1], 'alive', ARGV[1], 'free_cores', cores,
+           'free_mem', redis.call('HGET', KEYS[1], 'mem_gb'), 'queue_len', 0, 'queued_core_s', 0)
+return 1
+"""
+
+_MAX_CLOCK_LUA = """
+local cur = tonumber(redis.call('GET', KEYS[1]) or '0')
+if tonumber(ARGV[1]) > cur then redis.call('SET', KEYS[1], ARGV[1]) end
+return 1
+"""
+
+
+def connect(url: str, timeout_s: float = 1.0) -> aioredis.Redis:
+    """An asyncio Redis client that fails fast (the daemon degrades instead of waiting)."""
+    return aioredis.from_url(
+        url,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+        retry=Retry(NoBackoff(), 1),
+        health_check_interval=0,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """What one decision reserves: a ledger entry for (task key, attempt)."""
+
+    task_key: str  # "{workflow id}/{task index}"
+    attempt: int
+    node: str
+    cores: float
+    mem: float
+    core_s: float
+    decision: bytes
+    fits: bool  # the planner saw it fit; if Redis disagrees, re-plan instead of queueing
+
+
+class RedisState:
+    """Typed operations on the keys above. Raises `redis.RedisError` when Redis is away."""
+
+    def __init__(self, redis: aioredis.Redis, settings: Settings) -> None:
+        self.redis = redis
+        self.settings = settings
+        self.prefix = f"{settings.topic_prefix}dagsched:"
+        self._decide = redis.register_script(DECIDE_LUA)
+        self._ledger = redis.register_script(LEDGER_LUA)
+        self._reset = redis.register_script(RESET_NODE_LUA)
+        self._clock = redis.register_script(_MAX_CLOCK_LUA)
+
+    def key(self, *parts: str) -> str:
+        return self.prefix + ":".join(parts)
+
+    # -- decisions ----------------------------------------------------------------------------
+
+    async def stored_decisions(self, keys: Sequence[tuple[str, int]]) -> list[bytes | None]:
+        """The stored decision for each (task key, attempt), or None."""
+        if not keys:
+            return []
+        return _bytes_list(await self.redis.mget([self.key("dec", f"{k}:{a}") for k, a in keys]))
+
+    async def decide(
+        self, r: Reservation, queue_if_full: bool, force: bool = False
+    ) -> tuple[str, bytes | None]:
+        """Store the decision and take its reservation in one step.
+
+        Returns ("r" | "q", None) when stored (reserved / queued), ("dup", decision) when another
+        replica stored one first, ("dead", None) or ("nofit", None) when it must be re-planned.
+        `force` (resync after an outage) stores the decision even on a dead or unknown node.
+        """
+        wf_id = r.task_key.rsplit("/", 1)[0]
+        idx = r.task_key.rsplit("/", 1)[1]
+        led = self.key("led", f"{r.task_key}:{r.attempt}")
+        res = await self._decide(
+            keys=[
+                self.key("dec", f"{r.task_key}:{r.attempt}"),
+                self.key("node", r.node),
+                led,
+                self.key("nodeled", r.node),
+                self.key("wfactive", wf_id),
+            ],
+            args=[
+                r.decision,
+                r.node,
+                repr(r.cores),
+                repr(r.mem),
+                repr(r.core_s),
+                idx,
+                "force" if force else "queue" if queue_if_full else "fit",
+                DECISION_TTL_S,
+            ],
+        )
+        status = res[0].decode() if isinstance(res[0], bytes) else str(res[0])
+        return status, (res[1] if status == "dup" else None)
+
+    # -- workflows ----------------------------------------------------------------------------
+
+    async def put_workflows(self, items: Sequence[tuple[str, bytes]]) -> None:
+        """Store workflow messages by id."""
+        if not items:
+            return
+        pipe = self.redis.pipeline(transaction=False)
+        for wf_id, raw in items:
+            pipe.set(self.key("wf", wf_id), raw, ex=WORKFLOW_TTL_S)
+        await pipe.execute()
+
+    async def get_workflows(self, ids: Sequence[str]) -> list[bytes | None]:
+        if not ids:
+            return []
+        return _bytes_list(await self.redis.mget([self.key("wf", i) for i in ids]))
+
+    async def workflow_progress(
+        self, ids: Sequence[str]
+    ) -> dict[str, tuple[set[int], set[int], dict[int, str]]]:
+        """Per workflow: done task indices, active ones, and the node each task last ran on."""
+        pipe = self.redis.pipeline(transaction=False)
+        for wf_id in ids:
+            pipe.smembers(self.key("wfdone", wf_id))
+            pipe.smembers(self.key("wfactive", wf_id))
+            pipe.hgetall(self.key("wfnode", wf_id))
+        res = await pipe.execute()
+        out = {}
+        for i, wf_id in enumerate(ids):
+            done, active, nodes = res[3 * i : 3 * i + 3]
+            out[wf_id] = (
+                {int(x) for x in done},
+                {int(x) for x in active},
+                {int(k): _str(v) for k, v in nodes.items()},
+            )
+        return out
+
+    # -- nodes --------------------------------------------------------------------------------
+
+    async def cluster_view(self) -> ClusterView:
+        """Every known node, sorted by id, as the view a scheduler sees."""
+        ids = sorted(_str(x) for x in await self.redis.smembers(self.key("nodes")))
+        pipe = self.redis.pipeline(transaction=False)
+        for node in ids:
+            pipe.hgetall(self.key("node", node))
+        pipe.get(self.key("clock"))
+        res = await pipe.execute()
+        rows = [{k.decode(): v.decode() for k, v in h.items()} for h in res[:-1]]
+        return build_view(ids, rows, float(res[-1] or 0.0), self.settings.sim.cluster.speed)
+
+    async def apply_event(self, msg: Any) -> None:
+        """Apply one `dagsched.events` message (idempotent: a redelivery changes nothing)."""
+        if isinstance(msg, NodeHeartbeatMsg):
+            await self._heartbeat(msg)
+        elif isinstance(msg, NodeDownMsg | NodeUpMsg):
+            alive = "1" if isinstance(msg, NodeUpMsg) else "0"
+            await self._reset(
+                keys=[self.key("node", msg.node), self.key("nodeled", msg.node)], args=[alive]
+            )
+        elif isinstance(msg, TaskStartedMsg | TaskFinishedMsg | TaskFailedMsg):
+            task_key = f"{msg.workflow_id}/{msg.task}"
+            keys = [
+                self.key("led", f"{task_key}:{msg.attempt}"),
+                self.key("node", msg.node),
+                self.key("nodeled", msg.node),
+            ]
+            started = isinstance(msg, TaskStartedMsg)
+            await self._ledger(keys=keys, args=["start" if started else "end"])
+            pipe = self.redis.pipeline(transaction=False)
+            if started:
+                pipe.hset(self.key("wfnode", msg.workflow_id), str(msg.task), msg.node)
+            elif isinstance(msg, TaskFinishedMsg):
+                pipe.sadd(self.key("wfdone", msg.workflow_id), str(msg.task))
+                pipe.srem(self.key("wfactive", msg.workflow_id), str(msg.task))
+            else:
+                pipe.srem(self.key("wfactive", msg.workflow_id), str(msg.task))
+            for suffix in ("wfnode", "wfdone", "wfactive"):
+                pipe.expire(self.key(suffix, msg.workflow_id), WORKFLOW_TTL_S)
+            await pipe.execute()
+        else:
+            raise TypeError(f"not an event: {type(msg).__name__}")
+        await self._clock(keys=[self.key("clock")], args=[repr(float(msg.at))])
+
+    async def _heartbeat(self, msg: NodeHeartbeatMsg) -> None:
+        key = self.key("node", msg.node)
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.sadd(self.key("nodes"), msg.node)
+        pipe.hset(
+            key,
+            mapping={
+                "kind": msg.kind,
+                "zone": msg.zone,
+                "cores": repr(msg.cores),
+                "mem_gb": repr(msg.mem_gb),
+                "gpu_mem_gb": repr(msg.gpu_mem_gb),
+                "net_gbps": repr(msg.net_gbps),
+                "alive": 1,
+                "seen_at": repr(msg.at),
+                "used_cores": repr(msg.used_cores),
+                "used_mem_gb": repr(msg.used_mem_gb),
+                "reported_queue_len": msg.queue_len,
+                "net_in_bytes": repr(msg.net_in_bytes),
+                "failure_rate": repr(msg.failure_rate),
+            },
+        )
+        # the ledger starts full; later heartbeats never overwrite it
+        pipe.hsetnx(key, "free_cores", repr(msg.cores))
+        pipe.hsetnx(key, "free_mem", repr(msg.mem_gb))
+        pipe.hsetnx(key, "queue_len", 0)
+        pipe.hsetnx(key, "queued_core_s", 0)
+        await pipe.execute()
+
+    async def ledger(self, node: str) -> list[dict[str, str]]:
+        """The ledger entries on `node` (for tests and audits)."""
+        keys = [_str(k) for k in await self.redis.smembers(self.key("nodeled", node))]
+        pipe = self.redis.pipeline(transaction=False)
+        for k in keys:
+            pipe.hgetall(k)
+        return [{a.decode(): b.decode() for a, b in h.items()} for h in await pipe.execute()]
+
+
+def _str(x: bytes | str) -> str:
+    return x.decode() if isinstance(x, bytes) else x
+
+
+def _bytes_list(xs: Sequence[bytes | str | None]) -> list[bytes | None]:
+    return [x.encode() if isinstance(x, str) else x for x in xs]
+
+
+def build_view(
+    ids: list[str], rows: list[dict[str, str]], now: float, speed: dict[str, dict[str, float]]
+) -> ClusterView:
+    """A `ClusterView` from node hashes (missing numbers read as 0)."""
+
+    def col(name: str, default: float = 0.0) -> np.ndarray:
+        return np.array([float(r.get(name, default)) for r in rows], dtype=float)
+
+    kinds = [r.get("kind", "cpu") for r in rows]
+    return ClusterView(
+        now=now,
+        node_ids=list(ids),
+        kind=np.array([NODE_KINDS.index(k) if k in NODE_KINDS else 0 for k in kinds], dtype=int),
+        zone=np.array([int(r.get("zone", 0)) for r in rows], dtype=int),
+        cores=col("cores", 1.0),
+        mem_gb=col("mem_gb", 1.0),
+        gpu_mem_gb=col("gpu_mem_gb"),
+        net_gbps=col("net_gbps", 25.0),
+        speed=np.array(
+            [[speed.get(k, {}).get(t, 1.0) for t in TASK_TYPE_NAMES] for k in kinds], dtype=float
+        ).reshape(len(rows), len(TASK_TYPE_NAMES)),
+        alive=np.array([r.get("alive") == "1" for r in rows], dtype=bool),
+        free_cores=col("free_cores"),
+        free_mem=col("free_mem"),
+        queue_len=col("queue_len"),
+        queued_core_s=col("queued_core_s"),
+        net_in_bytes=col("net_in_bytes"),
+        failure_rate=col("failure_rate"),
+    )

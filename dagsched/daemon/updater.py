@@ -1,0 +1,133 @@
+"""The state updater: `dagsched.events` -> Redis (node state, reservations, DAG progress).
+
+Runs inside each daemon process (one consumer group across replicas, so every event is
+applied once per redelivery) or alone as `dagsched updater`. Applying an event is idempotent,
+so at-least-once delivery is enough. While Redis is unreachable it stops consuming and retries
+the same events with backoff; nothing is committed until they are applied. Events that do not
+decode go to the dead-letter topic with their reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Any
+
+import structlog
+from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka.errors import KafkaError
+from redis.exceptions import RedisError
+
+from dagsched.daemon.kafka import Output, make_consumer, produce_all
+from dagsched.daemon.metrics import DaemonMetrics
+from dagsched.daemon.redis_state import RedisState
+from dagsched.schemas.messages import BadMessage, DeadLetterMsg, decode
+from dagsched.schemas.topics import ALLOWED_TYPES
+from dagsched.settings import Settings
+
+log = structlog.get_logger(__name__)
+
+UPDATER_GROUP_SUFFIX = "-updater"
+
+
+class Updater:
+    """Consumes events and applies them to Redis; `run(stop)` until the event is set."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        rs: RedisState,
+        producer: AIOKafkaProducer,
+        metrics: DaemonMetrics,
+        consumer_options: dict[str, Any] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.rs = rs
+        self.producer = producer
+        self.metrics = metrics
+        self.consumer_options = consumer_options or {}
+        self.applied = 0
+        self.redis_ok = True
+
+    async def run(self, stop: asyncio.Event) -> None:
+        s = self.settings
+        group = s.topic_prefix + s.daemon.group_id + UPDATER_GROUP_SUFFIX
+        consumer = make_consumer(s, group, s.topic("events"), **self.consumer_options)
+        backoff = 0.2
+        while not stop.is_set():
+            try:
+                await consumer.start()
+                break
+            except KafkaError as exc:
+                log.warning("updater.kafka_unreachable", error=str(exc))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), backoff)
+                backoff = min(backoff * 2, 10.0)
+        else:
+            return
+        try:
+            while not stop.is_set():
+                try:
+                    got = await consumer.getmany(timeout_ms=100)
+                except KafkaError as exc:
+                    log.warning("updater.fetch_failed", error=str(exc))
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), 1.0)
+                    continue
+                records = [r for rs in got.values() for r in rs]
+                if records and await self._apply(records, stop):
+                    offsets: dict[TopicPartition, int] = {}
+                    for r in records:
+                        tp = TopicPartition(r.topic, r.partition)
+                        offsets[tp] = max(offsets.get(tp, 0), r.offset + 1)
+                    with contextlib.suppress(KafkaError):
+                        await consumer.commit(offsets)
+        finally:
+            with contextlib.suppress(Exception):
+                await consumer.stop()
+
+    async def _apply(self, records: list[Any], stop: asyncio.Event) -> bool:
+        """Apply every record in order (retrying while Redis is away); False if stopped first."""
+        dead: list[Output] = []
+        backoff = 0.1
+        i = 0
+        while i < len(records):
+            rec = records[i]
+            try:
+                msg = decode(rec.value)
+                if msg.type not in ALLOWED_TYPES["events"]:
+                    raise BadMessage(f"a {msg.type} message does not belong on {rec.topic}")
+            except BadMessage as exc:
+                dead.append(self._dead(rec, exc.reason))
+                i += 1
+                continue
+            try:
+                await self.rs.apply_event(msg)
+            except RedisError as exc:
+                if self.redis_ok:
+                    log.warning("updater.redis_unreachable", error=str(exc))
+                self.redis_ok = False
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), backoff)
+                if stop.is_set():
+                    return False
+                backoff = min(backoff * 2, 5.0)
+                continue
+            if not self.redis_ok:
+                log.info("updater.redis_back")
+            self.redis_ok = True
+            self.applied += 1
+            self.metrics.events.inc()
+            i += 1
+        if dead:
+            return await produce_all(self.producer, dead, time.monotonic() + 30)
+        return True
+
+    def _dead(self, rec: Any, reason: str) -> Output:
+        self.metrics.dead_letters.labels(kind="event").inc()
+        log.warning("event.dead_letter", offset=rec.offset, partition=rec.partition, reason=reason)
+        msg = DeadLetterMsg.of(
+            rec.value, rec.key, rec.topic, rec.partition, rec.offset, reason, time.time()
+        )
+        return (self.settings.topic("deadletter"), rec.key, msg.encode())

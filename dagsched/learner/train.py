@@ -1,0 +1,299 @@
+"""Offline PPO on the simulator, readable like CleanRL's `ppo.py`.
+
+1. Fit the feature normalizer on curriculum episodes played by a heuristic (HEFT).
+2. Optionally warm-start the actor by imitating that heuristic (a few supervised epochs).
+3. PPO: `num_envs` simulators, rollout length min(2048, 3 x mean DAG size) rounded down to a
+   multiple of 64 per simulator, GAE, `update_epochs` epochs of minibatches, clipped loss,
+   gradient-norm clip, entropy bonus.
+Metrics go to a callback keyed by path (`losses/approx_kl`, `charts/episode_sla`).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from dagsched.learner.curriculum import Curriculum
+from dagsched.learner.ppo_math import compute_gae, ppo_loss
+from dagsched.learner.rollout import RolloutWorker, stack
+from dagsched.policy.batching import collate
+from dagsched.policy.features import Observation, observe
+from dagsched.policy.model import ActorCritic, ModelConfig, evaluate, to_unit
+from dagsched.policy.normalizer import FeatureNormalizer
+from dagsched.policy.scheduler import GNNScheduler
+from dagsched.service_config import TrainSettings
+from dagsched.sim.config import ScenarioConfig
+from dagsched.sim.engine import Simulator
+from dagsched.sim.runner import make_policy
+from dagsched.sim.state import MEM_BOUNDS
+from dagsched.sim.view import cluster_view, task_view
+
+IMITATION_MEM_MARGIN = 0.15
+
+MetricsSink = Callable[[dict[str, float], int], None]
+
+
+@dataclass
+class TrainResult:
+    """A trained model with its normalizer and what it took."""
+
+    model: ActorCritic
+    normalizer: FeatureNormalizer
+    updates: int
+    decisions: int
+    wall_s: float
+    history: list[dict[str, float]] = field(default_factory=list)
+
+
+def rollout_length(mean_dag_size: float, cap: int = 2048) -> int:
+    """min(cap, 3 x mean DAG size) rounded down to a multiple of 64 (at least 64)."""
+    return max(64, int(min(cap, 3 * mean_dag_size)) // 64 * 64)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def demonstrations(
+    curriculum: Curriculum, episodes: int, teacher: str, seed: int
+) -> tuple[list[Observation], list[int], list[list[float]]]:
+    """Raw observations and the teacher's actions over `episodes` curriculum episodes."""
+    obs: list[Observation] = []
+    nodes: list[int] = []
+    units: list[list[float]] = []
+    for ep in range(episodes):
+        scenario, wfs = curriculum(seed * 1000 + ep)
+        policy = make_policy(teacher, seed + ep)
+        sim = Simulator(scenario, wfs, seed=seed + ep)
+        while (batch := sim.advance()) is not None:
+            cv = cluster_view(sim)
+            decisions = policy.decide(sim, batch)
+            for d in decisions:
+                obs.append(observe(cv, task_view(d.task)))
+                nodes.append(d.node)
+                # A margin on memory: a Beta mean landing just under the demand is an OOM.
+                mem = min(MEM_BOUNDS[1], d.mem * (1 + IMITATION_MEM_MARGIN))
+                u = to_unit(torch.tensor([d.cpu, mem, float(d.max_retries)]))
+                units.append(u.tolist())
+            sim.apply(decisions, batch)
+    return obs, nodes, units
+
+
+def imitate(
+    model: ActorCritic,
+    normalizer: FeatureNormalizer,
+    obs: list[Observation],
+    nodes: list[int],
+    units: list[list[float]],
+    epochs: int,
+    lr: float,
+    device: torch.device,
+    sink: MetricsSink | None = None,
+) -> None:
+    """Behaviour cloning of the teacher's actions (maximum likelihood of node and values)."""
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    normed = [normalizer.transform(o) for o in obs]
+    idx = np.arange(len(obs))
+    step = 0
+    for _ in range(epochs):
+        np.random.shuffle(idx)
+        for start in range(0, len(idx), 64):
+            mb = idx[start : start + 64]
+            batch = collate([normed[i] for i in mb]).to(device)
+            out = model(*batch.args())
+            node = torch.tensor([nodes[i] for i in mb], device=device)
+            unit = torch.tensor([units[i] for i in mb], device=device)
+            logp, _ = evaluate(out, node, unit)
+            loss = -logp.mean()
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+            opt.step()
+            step += 1
+            if sink is not None and step % 20 == 0:
+                sink({"imitation/nll": float(loss.detach())}, step)
+
+
+def train(
+    scenario: ScenarioConfig,
+    hp: TrainSettings,
+    *,
+    updates: int | None = None,
+    minutes: float | None = None,
+    seed: int = 0,
+    warm_start: str | None = "heft",
+    checkpoint: Path | None = None,
+    imitation_episodes: int = 8,
+    imitation_epochs: int = 4,
+    sink: MetricsSink | None = None,
+    on_update: Callable[[int, int | None], None] | None = None,
+    device: torch.device | None = None,
+) -> TrainResult:
+    """Train from scratch (or resume from `checkpoint` if it exists); stop after `updates`
+    PPO updates or `minutes` of wall time, whichever comes first."""
+    if updates is None and minutes is None:
+        raise ValueError("give updates or minutes")
+    device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    seed_everything(seed)
+    started = time.perf_counter()
+    curriculum = Curriculum(scenario)
+    model = ActorCritic(ModelConfig()).to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=hp.learning_rate, eps=1e-5)
+    start_update = 0
+    if checkpoint is not None and checkpoint.exists():
+        state = torch.load(checkpoint, map_location=device, weights_only=False)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        normalizer = state["normalizer"]
+        start_update = state["update"]
+    else:
+        curriculum.progress = 1.0  # demonstrations and the normalizer see every stage
+        demo_obs, demo_nodes, demo_units = demonstrations(
+            curriculum,
+            episodes=imitation_episodes,
+            teacher=warm_start or "least_loaded",
+            seed=seed,
+        )
+        normalizer = FeatureNormalizer().fit(demo_obs)
+        if warm_start:
+            imitate(
+                model,
+                normalizer,
+                demo_obs,
+                demo_nodes,
+                demo_units,
+                epochs=imitation_epochs,
+                lr=1e-3,
+                device=device,
+                sink=sink,
+            )
+        curriculum.progress = 0.0
+
+    mean_size = float(np.mean(scenario.workload.size))
+    steps = rollout_length(mean_size, hp.max_rollout)
+    workers = [RolloutWorker(curriculum, seed=seed * 31 + i) for i in range(hp.num_envs)]
+    history: list[dict[str, float]] = []
+    decisions = 0
+    update = start_update
+    deadline = started + minutes * 60 if minutes is not None else float("inf")
+    total = updates if updates is not None else None
+    while (updates is None or update < updates) and time.perf_counter() < deadline:
+        if total is not None:
+            curriculum.progress = update / max(1, total)
+        elif minutes is not None:
+            curriculum.progress = (time.perf_counter() - started) / (minutes * 60)
+        model.eval()
+        sched = GNNScheduler(model, normalizer, "training", deterministic=False)
+        b_obs: list[Observation] = []
+        parts: list[dict[str, np.ndarray]] = []
+        for w in workers:
+            trs, last_value = w.collect(steps, sched)
+            arr = stack(trs)
+            adv, ret = compute_gae(
+                arr["reward"], arr["value"], arr["done"], last_value, hp.gamma, hp.gae_lambda
+            )
+            arr["advantage"], arr["return"] = adv, ret
+            parts.append(arr)
+            b_obs += [normalizer.transform(t.obs) for t in trs]
+        b = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+        decisions += len(b_obs)
+        metrics = _ppo_update(model, opt, hp, b_obs, b, device)
+        update += 1
+        metrics["charts/mean_reward"] = float(b["reward"].mean())
+        finished = [s for w in workers for s in w.stats.summaries]
+        for w in workers:
+            w.stats.summaries.clear()
+        if finished:
+            metrics["charts/episode_sla"] = float(np.mean([s["sla_attainment"] for s in finished]))
+            metrics["charts/episode_jct_s"] = float(np.mean([s["mean_jct_s"] for s in finished]))
+        metrics["charts/decisions"] = float(decisions)
+        metrics["charts/updates_per_s"] = (update - start_update) / (time.perf_counter() - started)
+        history.append(metrics)
+        if sink is not None:
+            sink(metrics, update)
+        if on_update is not None:
+            on_update(update, updates)
+        if checkpoint is not None and update % 10 == 0:
+            _save_checkpoint(checkpoint, model, opt, normalizer, update)
+    if checkpoint is not None:
+        _save_checkpoint(checkpoint, model, opt, normalizer, update)
+    model.eval()
+    return TrainResult(
+        model.cpu(), normalizer, update, decisions, time.perf_counter() - started, history
+    )
+
+
+def _ppo_update(
+    model: ActorCritic,
+    opt: torch.optim.Optimizer,
+    hp: TrainSettings,
+    b_obs: list[Observation],
+    b: dict[str, np.ndarray],
+    device: torch.device,
+) -> dict[str, float]:
+    model.train()
+    n = len(b_obs)
+    t = {k: torch.as_tensor(v, device=device) for k, v in b.items()}
+    inds = np.arange(n)
+    last: dict[str, Any] = {}
+    for _epoch in range(hp.update_epochs):
+        np.random.shuffle(inds)
+        for start in range(0, n, hp.minibatch_size):
+            mb = inds[start : start + hp.minibatch_size]
+            batch = collate([b_obs[i] for i in mb]).to(device)
+            out = model(*batch.args())
+            mbt = torch.as_tensor(mb, device=device)
+            newlogprob, entropy = evaluate(out, t["node"][mbt], t["unit"][mbt])
+            parts = ppo_loss(
+                newlogprob,
+                t["logprob"][mbt],
+                t["advantage"][mbt].float(),
+                out.value,
+                t["return"][mbt].float(),
+                entropy,
+                hp.clip_coef,
+                hp.ent_coef,
+                hp.vf_coef,
+            )
+            opt.zero_grad()
+            parts.loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), hp.max_grad_norm)
+            opt.step()
+            last = {
+                "losses/policy_loss": parts.pg_loss,
+                "losses/value_loss": parts.v_loss,
+                "losses/entropy": parts.entropy,
+                "losses/approx_kl": parts.approx_kl,
+                "losses/clipfrac": parts.clipfrac,
+            }
+    return {k: float(v.detach()) for k, v in last.items()}
+
+
+def _save_checkpoint(
+    path: Path,
+    model: ActorCritic,
+    opt: torch.optim.Optimizer,
+    normalizer: FeatureNormalizer,
+    update: int,
+) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save(
+        {
+            "model": model.state_dict(),
+            "optimizer": opt.state_dict(),
+            "normalizer": normalizer,
+            "update": update,
+        },
+        tmp,
+    )
+    tmp.replace(path)

@@ -1,0 +1,124 @@
+"""A model bundle: the folder of files that is one servable policy version.
+
+    state_dict.pt        weights (loaded with weights_only=True)
+    normalizer.joblib    the fitted feature normalizer
+    model_config.json    network shapes
+    feature_schema.json  feature names per group (must match this code's features)
+    checksums.json       SHA-256 of each file above
+
+The registry stores a bundle as a version's artifacts and the repository ships one as the
+default champion. Loading verifies every checksum, the schema and a smoke inference.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from dagsched.policy.features import CLUSTER_FEATURES, DAG_FEATURES, NODE_FEATURES
+from dagsched.policy.model import ActorCritic, ModelConfig
+from dagsched.policy.normalizer import FeatureNormalizer
+from dagsched.policy.scheduler import GNNScheduler
+from dagsched.sim.config import ClusterConfig
+from dagsched.sim.workflow import TaskSpec, TaskType, Workflow
+
+FILES = ("state_dict.pt", "normalizer.joblib", "model_config.json", "feature_schema.json")
+CHECKSUMS = "checksums.json"
+
+
+class BundleError(ValueError):
+    """A bundle is missing files, tampered with, or incompatible with this code."""
+
+
+def feature_schema() -> dict[str, list[str]]:
+    return {
+        "nodes": list(NODE_FEATURES),
+        "cluster": list(CLUSTER_FEATURES),
+        "dag": list(DAG_FEATURES),
+    }
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def save_bundle(folder: Path, model: ActorCritic, normalizer: FeatureNormalizer) -> dict[str, str]:
+    """Write the bundle files and their checksums; return the checksums."""
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.save(model.state_dict(), folder / "state_dict.pt")
+    normalizer.save(folder / "normalizer.joblib")
+    (folder / "model_config.json").write_text(json.dumps(model.cfg.to_dict(), indent=2) + "\n")
+    (folder / "feature_schema.json").write_text(json.dumps(feature_schema(), indent=2) + "\n")
+    sums = {name: sha256(folder / name) for name in FILES}
+    (folder / CHECKSUMS).write_text(json.dumps(sums, indent=2, sort_keys=True) + "\n")
+    return sums
+
+
+def verify_checksums(folder: Path, expected: dict[str, str] | None = None) -> dict[str, str]:
+    """Check every file against `expected` (default: the bundle's own checksums.json)."""
+    if expected is None:
+        try:
+            expected = json.loads((folder / CHECKSUMS).read_text())
+        except (OSError, ValueError) as exc:
+            raise BundleError(f"{folder}: cannot read {CHECKSUMS}: {exc}") from None
+    assert expected is not None
+    for name in FILES:
+        path = folder / name
+        if not path.is_file():
+            raise BundleError(f"{folder}: missing {name}")
+        got = sha256(path)
+        if expected.get(name) != got:
+            raise BundleError(f"{folder}: checksum mismatch for {name} (tampered or corrupt)")
+    return expected
+
+
+def load_bundle(
+    folder: Path, version: str, expected: dict[str, str] | None = None, smoke: bool = True
+) -> GNNScheduler:
+    """Verify and load a bundle as a serving (deterministic) scheduler."""
+    verify_checksums(folder, expected)
+    schema = json.loads((folder / "feature_schema.json").read_text())
+    if schema != feature_schema():
+        raise BundleError(f"{folder}: trained on other features than this code computes")
+    try:
+        cfg = ModelConfig(**json.loads((folder / "model_config.json").read_text()))
+        model = ActorCritic(cfg)
+        state = torch.load(folder / "state_dict.pt", map_location="cpu", weights_only=True)
+        model.load_state_dict(state)
+        normalizer = FeatureNormalizer.load(folder / "normalizer.joblib")
+    except (OSError, ValueError, RuntimeError, TypeError, KeyError) as exc:
+        raise BundleError(f"{folder}: incompatible model: {exc}") from None
+    sched = GNNScheduler(model, normalizer, version, deterministic=True)
+    if smoke:
+        smoke_inference(sched)
+    return sched
+
+
+def smoke_inference(sched: GNNScheduler) -> None:
+    """Place one task on a small synthetic cluster; refuse NaNs or out-of-range actions."""
+    from dagsched.sim.config import ScenarioConfig
+    from dagsched.sim.engine import Simulator
+    from dagsched.sim.view import cluster_view, task_view
+
+    specs = [
+        TaskSpec("a", TaskType.CPU, 10, 2, 4, output_bytes=1e8),
+        TaskSpec("b", TaskType.GPU, 10, 2, 8),
+    ]
+    wf = Workflow.build("smoke", specs, [(0, 1)], deadline_s=100)
+    sim = Simulator(ScenarioConfig(cluster=ClusterConfig().scaled(8)), [wf], seed=0)
+    batch = sim.advance()
+    assert batch is not None
+    placements = sched.place(cluster_view(sim), [task_view(t) for t in batch])
+    p = placements[0]
+    values: list[Any] = [p.cpu, p.mem, p.log_prob]
+    if not (0 <= p.node < 8) or not np.all(np.isfinite(values)):
+        raise BundleError(f"smoke inference produced an invalid placement: {p}")

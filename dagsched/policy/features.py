@@ -1,0 +1,211 @@
+"""The observation: one function turns a `ClusterView` and a `TaskView` into raw features.
+
+Used by training (views built from the simulator) and by the daemon (views built from Redis),
+so a model sees the same numbers in both. Pure numpy: no torch here, so the normalizer and
+tests can use it without importing torch-geometric.
+
+Per cluster node (NODE_FEATURES) the features describe the node and the node *for this task*
+(speed for its type, estimated transfer, queue wait and finish time, whether its demand fits
+now), so one shared scorer can rank any number of nodes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from dagsched.sim.state import CPU_BOUNDS, MEM_BOUNDS
+from dagsched.sim.view import ClusterView, TaskView
+from dagsched.sim.workflow import TaskType, upward_rank
+
+GB = 1e9
+# Transfer estimate from what every deployment knows (zones and NICs), not the simulator's
+# hidden latency matrix: the same rule in simulation and in production.
+CROSS_ZONE_LATENCY_S = 0.05
+CROSS_ZONE_GBPS = 5.0
+
+NODE_FEATURES: tuple[str, ...] = (
+    "cpu_used",
+    "mem_free",
+    "queue_len",
+    "queue_wait_s",
+    "net_in_gb",
+    "failure_rate",
+    "gpu_mem",
+    "cpu_left_after",
+    "alive",
+    "speed",
+    "log_compute_s",
+    "log_transfer_s",
+    "fits_now",
+    "mem_ok",
+    "was_prev_node",
+    "log_finish_s",
+    "cpu_demand_frac",
+    "mem_demand_frac",
+)
+CLUSTER_FEATURES: tuple[str, ...] = (
+    "load_variance",
+    "idle_fraction",
+    "mean_queue_wait_s",
+    "pending",
+    "alive_fraction",
+    "task_slack_s",
+    "task_attempt",
+    "task_log_duration_s",
+    "task_cpu_cores",
+    "task_mem_gb",
+)
+DAG_FEATURES: tuple[str, ...] = (
+    "type_cpu",
+    "type_io",
+    "type_gpu",
+    "type_mem",
+    "log_duration_s",
+    "cpu_cores",
+    "mem_gb",
+    "log_input_gb",
+    "log_upward_rank_s",
+    "done",
+    "active",
+    "this_task",
+)
+
+
+@dataclass(slots=True)
+class Observation:
+    """Raw features of one decision. `edges` is [2, E] parent -> child within the DAG."""
+
+    nodes: np.ndarray  # [n_nodes, len(NODE_FEATURES)]
+    mask: np.ndarray  # [n_nodes] bool: alive nodes may be chosen
+    cluster: np.ndarray  # [len(CLUSTER_FEATURES)]
+    dag: np.ndarray  # [n_tasks, len(DAG_FEATURES)]
+    edges: np.ndarray  # [2, E] int64
+    task_idx: int  # row of `dag` that is the task being placed
+    anchor: np.ndarray  # [n_nodes, 3] the task's demand per node in the action's unit space
+
+
+def demand_fractions(
+    cluster: ClusterView, cpu_cores: float, mem_gb: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """The task's demand as reservation fractions of every node, clamped to the bounds."""
+    cpu = np.clip(cpu_cores / cluster.cores, *CPU_BOUNDS)
+    mem = np.clip(mem_gb / cluster.mem_gb, *MEM_BOUNDS)
+    return cpu, mem
+
+
+def transfer_estimate_s(cluster: ClusterView, task: TaskView) -> np.ndarray:
+    """Per node: the slowest input transfer from the parents' nodes (0 when co-located)."""
+    wf = task.workflow
+    out = np.zeros(cluster.n)
+    for p, src in zip(wf.parents[task.idx], task.parent_nodes, strict=True):
+        if src < 0:
+            continue
+        nbytes = wf.tasks[p].output_bytes
+        same_zone = cluster.zone == cluster.zone[src]
+        gbps = np.where(
+            same_zone,
+            np.minimum(cluster.net_gbps, cluster.net_gbps[src]),
+            np.minimum(CROSS_ZONE_GBPS, cluster.net_gbps),
+        )
+        t = nbytes * 8.0 / (gbps * 1e9) + np.where(same_zone, 0.001, CROSS_ZONE_LATENCY_S)
+        t[src] = 0.0
+        out = np.maximum(out, t)
+    return out
+
+
+def observe(cluster: ClusterView, task: TaskView, rank: list[float] | None = None) -> Observation:
+    """Raw features for placing `task` on `cluster`. `rank` caches the DAG's upward ranks."""
+    wf, spec = task.workflow, task.workflow.tasks[task.idx]
+    alive = cluster.alive.astype(bool)
+    inv_c = 1.0 / cluster.cores
+    cpu_used = 1.0 - cluster.free_cores * inv_c
+    cpu_f, mem_f = demand_fractions(cluster, spec.cpu_cores, spec.mem_gb)
+    res_c, res_m = cpu_f * cluster.cores, mem_f * cluster.mem_gb
+    speed = cluster.speed[:, int(spec.type)]
+    slow = np.maximum(1.0, spec.cpu_cores / res_c)
+    compute = spec.duration_s / speed * slow
+    transfer = transfer_estimate_s(cluster, task)
+    fits = (
+        (cluster.free_cores >= res_c - 1e-9)
+        & (cluster.free_mem >= res_m - 1e-9)
+        & (cluster.queue_len == 0)
+    )
+    wait = cluster.queued_core_s * inv_c + np.where(fits, 0.0, compute.mean())
+    top_gpu = float(cluster.gpu_mem_gb.max())
+    nodes = np.stack(
+        [
+            cpu_used,
+            cluster.free_mem / cluster.mem_gb,
+            cluster.queue_len,
+            cluster.queued_core_s * inv_c,
+            cluster.net_in_bytes / GB,
+            cluster.failure_rate,
+            cluster.gpu_mem_gb / top_gpu if top_gpu > 0 else np.zeros(cluster.n),
+            (cluster.free_cores - res_c) * inv_c,
+            alive.astype(float),
+            speed,
+            np.log1p(compute),
+            np.log1p(transfer),
+            fits.astype(float),
+            (res_m >= spec.mem_gb - 1e-9).astype(float),
+            (np.arange(cluster.n) == task.prev_node).astype(float),
+            np.log1p(wait + transfer + spec.cold_start_s + compute),
+            cpu_f,
+            mem_f,
+        ],
+        axis=1,
+    ).astype(np.float32)
+
+    used = cpu_used[alive] if alive.any() else np.zeros(1)
+    queued = cluster.queued_core_s * inv_c
+    cl = np.array(
+        [
+            float(used.var()),
+            float((used <= 1e-9).mean()),
+            float(queued[alive].mean()) if alive.any() else 0.0,
+            float(cluster.queue_len.sum()),
+            float(alive.mean()),
+            task.sub_deadline_s - cluster.now,
+            task.attempt,
+            np.log1p(spec.duration_s),
+            spec.cpu_cores,
+            spec.mem_gb,
+        ],
+        dtype=np.float32,
+    )
+
+    rank = rank if rank is not None else upward_rank(wf)
+    dag = np.zeros((wf.size, len(DAG_FEATURES)), dtype=np.float32)
+    for i, t in enumerate(wf.tasks):
+        dag[i, int(t.type)] = 1.0
+        dag[i, 4] = np.log1p(t.duration_s)
+        dag[i, 5] = t.cpu_cores
+        dag[i, 6] = t.mem_gb
+        dag[i, 7] = np.log1p(t.input_bytes / GB)
+        dag[i, 8] = np.log1p(rank[i])
+    dag[:, 9] = task.done
+    dag[:, 10] = task.active
+    dag[task.idx, 11] = 1.0
+    edges = np.array(wf.edges, dtype=np.int64).T.reshape(2, -1)
+    anchor = np.stack(
+        [
+            (cpu_f - CPU_BOUNDS[0]) / (CPU_BOUNDS[1] - CPU_BOUNDS[0]),
+            (mem_f - MEM_BOUNDS[0]) / (MEM_BOUNDS[1] - MEM_BOUNDS[0]),
+            np.full(cluster.n, 0.5),  # 3 retries
+        ],
+        axis=1,
+    ).astype(np.float32)
+    return Observation(
+        nodes=nodes,
+        mask=alive.copy(),
+        cluster=cl,
+        dag=dag,
+        edges=edges,
+        task_idx=task.idx,
+        anchor=anchor,
+    )
+
+
+assert len(TaskType) == 4  # DAG_FEATURES one-hot assumes the four task types

@@ -1,0 +1,155 @@
+"""The actor-critic: a GNN over the task's DAG, a shared per-node scorer, a bounded
+continuous head and a value head.
+
+- Encoder: two GATv2 layers over the DAG (edges both ways) with attention pooling, plus
+  the embedding of the task being placed; an MLP per cluster node; an MLP over cluster
+  and task context.
+- Actor: one scorer over (node, task, cluster) embeddings gives one logit per cluster node,
+  so the same weights serve 8 or 800 nodes; dead nodes are masked. The continuous head gives
+  three Beta distributions (CPU 0.1-0.9, memory 0.2-0.8, retries 1-5) conditioned on the
+  chosen node: each is centred on the task's demand at that node (its "anchor") shifted by
+  a learned amount, so "reserve the demand plus a margin" is easy to learn and a reservation
+  far from demand is still reachable.
+- Critic: a value from the task, cluster and mean-node embeddings.
+
+`ACTOR_HEADS` names the parameters online fine-tuning may change; everything else is frozen.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.distributions import Beta, Categorical
+from torch_geometric.nn import AttentionalAggregation, GATv2Conv
+
+from dagsched.policy.features import CLUSTER_FEATURES, DAG_FEATURES, NODE_FEATURES
+from dagsched.sim.state import CPU_BOUNDS, MEM_BOUNDS, RETRY_BOUNDS
+
+ACTOR_HEADS: tuple[str, ...] = ("scorer", "cont_head")
+LOW = torch.tensor([CPU_BOUNDS[0], MEM_BOUNDS[0], RETRY_BOUNDS[0]], dtype=torch.float32)
+HIGH = torch.tensor([CPU_BOUNDS[1], MEM_BOUNDS[1], RETRY_BOUNDS[1]], dtype=torch.float32)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shapes of the network; stored with every registry version."""
+
+    node_features: int = len(NODE_FEATURES)
+    cluster_features: int = len(CLUSTER_FEATURES)
+    dag_features: int = len(DAG_FEATURES)
+    hidden: int = 64
+    heads: int = 2
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _mlp(inp: int, hidden: int, out: int) -> nn.Sequential:
+    return nn.Sequential(nn.Linear(inp, hidden), nn.Tanh(), nn.Linear(hidden, out))
+
+
+@dataclass
+class PolicyOutput:
+    """Per decision: node logits [B, N] (masked), Beta parameters [B, N, 3, 2], value [B]."""
+
+    logits: Tensor
+    conc: Tensor
+    value: Tensor
+
+
+class ActorCritic(nn.Module):
+    """GNN actor-critic with a hybrid action: a node plus three bounded reservations."""
+
+    def __init__(self, cfg: ModelConfig | None = None) -> None:
+        super().__init__()
+        self.cfg = cfg = cfg or ModelConfig()
+        h = cfg.hidden
+        self.dag_in = nn.Linear(cfg.dag_features, h)
+        self.gat1 = GATv2Conv(h, h, heads=cfg.heads, concat=False)
+        self.gat2 = GATv2Conv(h, h, heads=cfg.heads, concat=False)
+        self.pool = AttentionalAggregation(gate_nn=nn.Linear(h, 1))
+        self.node_mlp = _mlp(cfg.node_features, h, h)
+        self.cluster_mlp = _mlp(cfg.cluster_features + 2 * h, h, h)
+        self.scorer = _mlp(2 * h, h, 1)
+        self.cont_head = _mlp(2 * h, h, 6)
+        self.critic = _mlp(2 * h, h, 1)
+
+    def forward(
+        self,
+        nodes: Tensor,  # [B, N, Fn]
+        mask: Tensor,  # [B, N] bool
+        cluster: Tensor,  # [B, Fc]
+        dag_x: Tensor,  # [T, Fd] all DAG tasks of the batch
+        dag_edges: Tensor,  # [2, E] (both directions)
+        dag_batch: Tensor,  # [T] decision index of each DAG task
+        this_task: Tensor,  # [B] index into dag_x of the task being placed
+        anchor: Tensor,  # [B, N, 3] the task's demand per node, in unit action space
+    ) -> PolicyOutput:
+        x = torch.tanh(self.dag_in(dag_x))
+        x = torch.tanh(self.gat1(x, dag_edges)) + x
+        x = torch.tanh(self.gat2(x, dag_edges)) + x
+        pooled = self.pool(x, dag_batch, dim_size=nodes.shape[0])
+        ctx = torch.tanh(self.cluster_mlp(torch.cat([cluster, pooled, x[this_task]], dim=-1)))
+        node_emb = torch.tanh(self.node_mlp(nodes))  # [B, N, H]
+        pair = torch.cat([node_emb, ctx[:, None, :].expand_as(node_emb)], dim=-1)
+        logits = self.scorer(pair).squeeze(-1).masked_fill(~mask, -1e9)
+        # Beta per value, centred on the task's demand at that node plus a learned shift:
+        # mean = sigmoid(logit(anchor) + shift), concentration = 2 + softplus(k).
+        head = self.cont_head(pair).view(*pair.shape[:2], 3, 2)
+        a = anchor.clamp(0.02, 0.98)
+        mean = torch.sigmoid(torch.log(a) - torch.log1p(-a) + head[..., 0]).clamp(1e-3, 1 - 1e-3)
+        kappa = 2.0 + nn.functional.softplus(head[..., 1] + 2.0)
+        conc = torch.stack([mean * kappa, (1 - mean) * kappa], dim=-1)
+        m = mask.float()[..., None]
+        mean_node = (node_emb * m).sum(1) / m.sum(1).clamp(min=1.0)
+        value = self.critic(torch.cat([ctx, mean_node], dim=-1)).squeeze(-1)
+        return PolicyOutput(logits, conc, value)
+
+    def actor_parameters(self) -> list[nn.Parameter]:
+        """The parameters of the actor heads (node scorer and continuous head)."""
+        return [p for name, p in self.named_parameters() if name.split(".")[0] in ACTOR_HEADS]
+
+
+def to_unit(values: Tensor) -> Tensor:
+    """Map (cpu, mem, retries) in their bounds to [0, 1]^3."""
+    return ((values - LOW) / (HIGH - LOW)).clamp(1e-4, 1 - 1e-4)
+
+
+def from_unit(u: Tensor) -> Tensor:
+    """Map [0, 1]^3 back to (cpu, mem, retries) in their bounds."""
+    return LOW + u * (HIGH - LOW)
+
+
+def distributions(out: PolicyOutput, node: Tensor) -> tuple[Categorical, Beta]:
+    """The node distribution, and the continuous one at the chosen `node` [B]."""
+    idx = node.view(-1, 1, 1, 1).expand(-1, 1, 3, 2)
+    conc = out.conc.gather(1, idx).squeeze(1)  # [B, 3, 2]
+    return Categorical(logits=out.logits), Beta(conc[..., 0], conc[..., 1])
+
+
+def evaluate(out: PolicyOutput, node: Tensor, unit: Tensor) -> tuple[Tensor, Tensor]:
+    """Log-probability and entropy of actions (node [B], unit continuous [B, 3])."""
+    cat, beta = distributions(out, node)
+    logp = cat.log_prob(node) + beta.log_prob(unit).sum(-1)
+    ent = cat.entropy() + beta.entropy().sum(-1)
+    return logp, ent
+
+
+def act(out: PolicyOutput, deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """Choose actions: (node [B], unit continuous [B, 3], log-prob [B]).
+
+    Deterministic: argmax node and the Beta means (serving). Otherwise sampled (training).
+    """
+    if deterministic:
+        node = out.logits.argmax(-1)
+        _, beta = distributions(out, node)
+        unit = beta.mean.clamp(1e-4, 1 - 1e-4)
+    else:
+        node = Categorical(logits=out.logits).sample()
+        _, beta = distributions(out, node)
+        unit = beta.sample().clamp(1e-4, 1 - 1e-4)
+    logp, _ = evaluate(out, node, unit)
+    return node, unit, logp

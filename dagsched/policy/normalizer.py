@@ -1,0 +1,70 @@
+"""Feature normalizer: one scikit-learn StandardScaler per feature group, fitted on rollouts.
+
+Saved with joblib next to the model's weights in the same registry version: a model never
+runs without the preprocessing it was trained with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import joblib
+import numpy as np
+from sklearn.preprocessing import StandardScaler
+
+from dagsched.policy.features import CLUSTER_FEATURES, DAG_FEATURES, NODE_FEATURES, Observation
+
+GROUPS = {"nodes": NODE_FEATURES, "cluster": CLUSTER_FEATURES, "dag": DAG_FEATURES}
+
+
+class FeatureNormalizer:
+    """Standardises node, cluster and DAG features; clips to +-10 sigma."""
+
+    def __init__(self) -> None:
+        self.scalers: dict[str, StandardScaler] = {g: StandardScaler() for g in GROUPS}
+        self.fitted = False
+
+    def fit(self, observations: Sequence[Observation]) -> FeatureNormalizer:
+        """Fit every group on the rows of `observations` (alive nodes only for nodes)."""
+        if not observations:
+            raise ValueError("cannot fit a normalizer on no observations")
+        self.scalers["nodes"].fit(np.concatenate([o.nodes for o in observations]))
+        self.scalers["cluster"].fit(np.stack([o.cluster for o in observations]))
+        self.scalers["dag"].fit(np.concatenate([o.dag for o in observations]))
+        self.fitted = True
+        return self
+
+    def transform(self, o: Observation) -> Observation:
+        """A normalised copy of `o`."""
+        if not self.fitted:
+            raise RuntimeError("normalizer used before it was fitted")
+        return Observation(
+            nodes=self._apply("nodes", o.nodes),
+            mask=o.mask,
+            cluster=self._apply("cluster", o.cluster[None, :])[0],
+            dag=self._apply("dag", o.dag),
+            edges=o.edges,
+            task_idx=o.task_idx,
+            anchor=o.anchor,
+        )
+
+    def _apply(self, group: str, x: np.ndarray) -> np.ndarray:
+        s = self.scalers[group]
+        scale = np.where(s.scale_ > 0, s.scale_, 1.0)
+        return np.clip((x - s.mean_) / scale, -10.0, 10.0).astype(np.float32)
+
+    def save(self, path: Path) -> None:
+        """Write with joblib."""
+        joblib.dump({"version": 1, "scalers": self.scalers, "groups": GROUPS}, path)
+
+    @classmethod
+    def load(cls, path: Path) -> FeatureNormalizer:
+        """Read a normalizer written by `save`; refuses one with other feature names."""
+        data = joblib.load(path)
+        if data.get("groups") != GROUPS:
+            raise ValueError(f"{path}: normalizer was fitted on other features")
+        out = cls()
+        out.scalers = data["scalers"]
+        out.fitted = True
+        return out

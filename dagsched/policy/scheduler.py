@@ -1,0 +1,59 @@
+"""`GNNScheduler`: the trained actor-critic behind the `Scheduler` contract."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from dagsched.policy.api import Placement
+from dagsched.policy.batching import collate
+from dagsched.policy.features import Observation, observe
+from dagsched.policy.model import ActorCritic, act, from_unit
+from dagsched.policy.normalizer import FeatureNormalizer
+from dagsched.sim.view import ClusterView, TaskView
+
+
+class GNNScheduler:
+    """Places a batch of tasks with one batched forward pass.
+
+    `deterministic=True` (serving) takes the argmax node and the Beta means; otherwise
+    actions are sampled. `last_observations` keeps the raw features of the last batch so a
+    caller (training, the decision log) can record what the decision was made from.
+    """
+
+    def __init__(
+        self,
+        model: ActorCritic,
+        normalizer: FeatureNormalizer,
+        version: str,
+        deterministic: bool = True,
+    ) -> None:
+        self.model = model.eval()
+        self.normalizer = normalizer
+        self.version = version
+        self.deterministic = deterministic
+        self.last_observations: list[Observation] = []
+        self.last_units: list[list[float]] = []
+        self.last_values: list[float] = []
+
+    def place(self, cluster: ClusterView, tasks: Sequence[TaskView]) -> list[Placement]:
+        if not cluster.alive.any():
+            raise ValueError("no alive node to place on")
+        raw = [observe(cluster, t) for t in tasks]
+        return self.place_observations(raw)
+
+    @torch.no_grad()
+    def place_observations(self, raw: Sequence[Observation]) -> list[Placement]:
+        """Placements for already-built raw observations."""
+        batch = collate([self.normalizer.transform(o) for o in raw])
+        out = self.model(*batch.args())
+        node, unit, logp = act(out, self.deterministic)
+        values = from_unit(unit)
+        self.last_observations = list(raw)
+        self.last_units = unit.tolist()
+        self.last_values = out.value.tolist()
+        return [
+            Placement(int(n), float(v[0]), float(v[1]), round(v[2]), float(lp))
+            for n, v, lp in zip(node.tolist(), values.tolist(), logp.tolist(), strict=True)
+        ]

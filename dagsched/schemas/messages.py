@@ -1,0 +1,350 @@
+"""The wire contract: every message on a dagsched topic, as pydantic v2 models serialised to JSON.
+
+Every message carries `schema_version` and a `type` that discriminates the union. Unknown
+fields are errors, and every number is bounded, so a message that decodes is one the daemon
+can act on. `decode` turns raw bytes into a message or raises `BadMessage` with one readable
+line saying why (that line is what the dead-letter record carries).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+
+SCHEMA_VERSION = 1
+
+TaskTypeName = Literal["cpu", "io", "gpu", "mem"]
+Arm = Literal["champion", "challenger", "fallback"]
+FailureReason = Literal["oom", "transient", "node_down", "cancelled"]
+
+Id = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:/#@+-]+$")]
+Seconds = Annotated[float, Field(ge=0, le=1e9, allow_inf_nan=False)]
+PosSeconds = Annotated[float, Field(gt=0, le=1e9, allow_inf_nan=False)]
+Bytes = Annotated[float, Field(ge=0, le=1e15, allow_inf_nan=False)]
+Cores = Annotated[float, Field(gt=0, le=4096, allow_inf_nan=False)]
+MemGb = Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)]
+Attempt = Annotated[int, Field(ge=0, le=1000)]
+TaskIndex = Annotated[int, Field(ge=0, le=1_000_000)]
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+
+    schema_version: Literal[1] = 1
+
+    def encode(self) -> bytes:
+        """The message as UTF-8 JSON bytes."""
+        return self.model_dump_json().encode()
+
+
+# -- dagsched.tasks -----------------------------------------------------------------------------
+
+
+class TaskSpecMsg(BaseModel):
+    """One task of a workflow: its type, demands at reference speed, data sizes, cold start."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: Annotated[str, Field(min_length=1, max_length=200)]
+    type: TaskTypeName
+    duration_s: PosSeconds
+    cpu_cores: Cores
+    mem_gb: MemGb
+    input_bytes: Bytes = 0.0
+    output_bytes: Bytes = 0.0
+    cold_start_s: Seconds = 0.0
+
+
+class WorkflowMsg(_Message):
+    """A workflow DAG, published once before any of its tasks is ready. Key: workflow id.
+
+    `edges` are (parent, child) positions in `tasks`; `deadline_s` is relative to `arrival_s`,
+    which is on the job queue's clock (the same clock as event `at` times).
+    """
+
+    type: Literal["workflow"] = "workflow"
+    workflow_id: Id
+    tasks: Annotated[list[TaskSpecMsg], Field(min_length=1)]
+    edges: list[tuple[TaskIndex, TaskIndex]] = Field(default_factory=list)
+    deadline_s: PosSeconds
+    arrival_s: Seconds = 0.0
+
+
+class TaskReadyMsg(_Message):
+    """Task `task` (position in its workflow) needs a placement for this `attempt`.
+
+    A job queue that asks again for the same (workflow, task, attempt) gets the same decision.
+    """
+
+    type: Literal["task_ready"] = "task_ready"
+    workflow_id: Id
+    task: TaskIndex
+    attempt: Attempt = 0
+
+
+# -- dagsched.decisions -------------------------------------------------------------------------
+
+
+class DecisionMsg(_Message):
+    """Where and how to run one task attempt, and which model (version, arm) decided it."""
+
+    type: Literal["decision"] = "decision"
+    workflow_id: Id
+    task: TaskIndex
+    attempt: Attempt
+    node: Id
+    cpu: Annotated[float, Field(ge=0.1, le=0.9)]
+    mem: Annotated[float, Field(ge=0.2, le=0.8)]
+    max_retries: Annotated[int, Field(ge=1, le=5)]
+    model_version: Annotated[str, Field(min_length=1, max_length=200)]
+    arm: Arm
+    log_prob: Annotated[float, Field(le=0, allow_inf_nan=False)] = 0.0
+    decided_at: Annotated[float, Field(ge=0, allow_inf_nan=False)]
+    latency_ms: Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+    @property
+    def task_key(self) -> str:
+        return f"{self.workflow_id}/{self.task}"
+
+
+# -- dagsched.events (key: node id) ---------------------------------------------------------
+
+
+class TaskStartedMsg(_Message):
+    """An attempt took its reservation on `node` at `at` (job-queue clock)."""
+
+    type: Literal["task_started"] = "task_started"
+    workflow_id: Id
+    task: TaskIndex
+    attempt: Attempt
+    node: Id
+    at: Seconds
+
+
+class TaskFinishedMsg(_Message):
+    """An attempt succeeded; `cpu_core_s` and `peak_mem_gb` are what it actually used."""
+
+    type: Literal["task_finished"] = "task_finished"
+    workflow_id: Id
+    task: TaskIndex
+    attempt: Attempt
+    node: Id
+    at: Seconds
+    cpu_core_s: Bytes = 0.0
+    peak_mem_gb: Bytes = 0.0
+
+
+class TaskFailedMsg(_Message):
+    """An attempt failed (`reason`), with what it used until then."""
+
+    type: Literal["task_failed"] = "task_failed"
+    workflow_id: Id
+    task: TaskIndex
+    attempt: Attempt
+    node: Id
+    at: Seconds
+    reason: FailureReason
+    cpu_core_s: Bytes = 0.0
+    peak_mem_gb: Bytes = 0.0
+
+
+class NodeHeartbeatMsg(_Message):
+    """A node is alive: its static shape and its current use (reported by the executor)."""
+
+    type: Literal["node_heartbeat"] = "node_heartbeat"
+    node: Id
+    at: Seconds
+    kind: Literal["cpu", "gpu", "io", "mem"]
+    zone: Annotated[int, Field(ge=0, le=10_000)]
+    cores: Cores
+    mem_gb: MemGb
+    gpu_mem_gb: Bytes = 0.0
+    net_gbps: Annotated[float, Field(gt=0, le=1e5)] = 25.0
+    used_cores: Bytes = 0.0
+    used_mem_gb: Bytes = 0.0
+    queue_len: Annotated[int, Field(ge=0, le=10_000_000)] = 0
+    net_in_bytes: Bytes = 0.0
+    failure_rate: Annotated[float, Field(ge=0, le=1e6)] = 0.0
+
+
+class NodeDownMsg(_Message):
+    """A node crashed: everything running or queued on it is gone."""
+
+    type: Literal["node_down"] = "node_down"
+    node: Id
+    at: Seconds
+
+
+class NodeUpMsg(_Message):
+    """A node came back, empty."""
+
+    type: Literal["node_up"] = "node_up"
+    node: Id
+    at: Seconds
+
+
+# -- dagsched.deadletter ------------------------------------------------------------------------
+
+
+class DeadLetterMsg(_Message):
+    """An input the daemon rejected: the original bytes (base64), where it was, and why."""
+
+    type: Literal["dead_letter"] = "dead_letter"
+    original_b64: str
+    key_b64: str | None = None
+    topic: str
+    partition: Annotated[int, Field(ge=0)]
+    offset: Annotated[int, Field(ge=0)]
+    reason: Annotated[str, Field(min_length=1)]
+    at: float
+
+    @field_validator("original_b64", "key_b64")
+    @classmethod
+    def _base64(cls, value: str | None) -> str | None:
+        if value is not None:
+            base64.b64decode(value, validate=True)
+        return value
+
+    @property
+    def original(self) -> bytes:
+        return base64.b64decode(self.original_b64)
+
+    @classmethod
+    def of(
+        cls,
+        raw: bytes | None,
+        key: bytes | None,
+        topic: str,
+        partition: int,
+        offset: int,
+        reason: str,
+        at: float,
+    ) -> DeadLetterMsg:
+        """A dead-letter record for a rejected input."""
+        return cls(
+            original_b64=base64.b64encode(raw or b"").decode(),
+            key_b64=base64.b64encode(key).decode() if key is not None else None,
+            topic=topic,
+            partition=partition,
+            offset=offset,
+            reason=reason,
+            at=at,
+        )
+
+
+TaskInput = WorkflowMsg | TaskReadyMsg
+EventMsg = (
+    TaskStartedMsg | TaskFinishedMsg | TaskFailedMsg | NodeHeartbeatMsg | NodeDownMsg | NodeUpMsg
+)
+TaskEvent = TaskStartedMsg | TaskFinishedMsg | TaskFailedMsg
+Message = Annotated[
+    WorkflowMsg
+    | TaskReadyMsg
+    | DecisionMsg
+    | TaskStartedMsg
+    | TaskFinishedMsg
+    | TaskFailedMsg
+    | NodeHeartbeatMsg
+    | NodeDownMsg
+    | NodeUpMsg
+    | DeadLetterMsg,
+    Field(discriminator="type"),
+]
+MESSAGE_TYPES: dict[str, type[_Message]] = {
+    m.model_fields["type"].default: m
+    for m in (
+        WorkflowMsg,
+        TaskReadyMsg,
+        DecisionMsg,
+        TaskStartedMsg,
+        TaskFinishedMsg,
+        TaskFailedMsg,
+        NodeHeartbeatMsg,
+        NodeDownMsg,
+        NodeUpMsg,
+        DeadLetterMsg,
+    )
+}
+
+_ADAPTER: TypeAdapter[Any] = TypeAdapter(Message)
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+
+
+class BadMessage(ValueError):
+    """Input that is not a valid message; `reason` is one readable line."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def decode(raw: bytes | None) -> Any:
+    """Parse one message from `raw` JSON bytes; raise `BadMessage(reason)` when it is not one.
+
+    Typed as `Any` for callers that dispatch with `isinstance`; the value is always one of the
+    `Message` models.
+    """
+    if raw is None:
+        raise BadMessage("empty message (no value)")
+    if len(raw) > MAX_MESSAGE_BYTES:
+        raise BadMessage(f"message of {len(raw)} bytes exceeds {MAX_MESSAGE_BYTES}")
+    try:
+        data = json.loads(raw, parse_constant=_reject_constant)
+    except UnicodeDecodeError:
+        raise BadMessage("invalid JSON: not UTF-8 text") from None
+    except json.JSONDecodeError as exc:
+        where = f"line {exc.lineno} column {exc.colno}"
+        raise BadMessage(f"invalid JSON: {exc.msg} at {where}") from None
+    except ValueError as exc:
+        raise BadMessage(f"invalid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise BadMessage(f"expected a JSON object, got {type(data).__name__}")
+    version = data.get("schema_version")
+    if version is None:
+        raise BadMessage("missing schema_version")
+    if version != SCHEMA_VERSION or isinstance(version, bool):
+        raise BadMessage(f"unknown schema_version {version!r} (this build reads {SCHEMA_VERSION})")
+    kind = data.get("type")
+    if kind not in MESSAGE_TYPES:
+        known = ", ".join(MESSAGE_TYPES)
+        raise BadMessage(f"unknown message type {kind!r} (known: {known})")
+    try:
+        # strict: "3" is not a number and 1.5 is not an attempt (JSON mode still maps
+        # arrays to the tuples of `edges`)
+        return _ADAPTER.validate_json(raw, strict=True)
+    except ValidationError as exc:
+        raise BadMessage(describe_validation(exc, str(kind))) from None
+
+
+def _reject_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number")
+
+
+def describe_validation(exc: ValidationError, kind: str) -> str:
+    """`task_ready.attempt: Input should be >= 0, got -1` (+ how many more errors)."""
+    errors = exc.errors()
+    first = errors[0]
+    loc = [str(p) for p in first["loc"]]
+    if loc and loc[0] == kind:  # the discriminator tag pydantic puts first
+        loc = loc[1:]
+    path = ".".join(loc) or "message"
+    msg = first["msg"]
+    value = first.get("input")
+    if first["type"] not in ("missing", "extra_forbidden") and isinstance(
+        value, str | int | float | bool
+    ):
+        shown = repr(value) if not isinstance(value, str) or len(value) < 60 else "a long string"
+        msg = f"{msg}, got {shown}"
+    if first["type"] == "extra_forbidden":
+        msg = "unknown field"
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{kind}.{path}: {msg}{more}"
+
+
+def finite(x: float) -> float:
+    """`x` if it is a finite float, else 0.0 (for numbers copied from simulations)."""
+    return x if math.isfinite(x) else 0.0

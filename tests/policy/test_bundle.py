@@ -1,0 +1,58 @@
+"""Bundles: round trip, tamper refusal, incompatible features refused."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dagsched.policy.api import SchedulerPolicy
+from dagsched.policy.bundle import BundleError, load_bundle, save_bundle
+from dagsched.policy.model import ActorCritic
+from dagsched.policy.normalizer import FeatureNormalizer
+from dagsched.policy.scheduler import GNNScheduler
+from dagsched.sim.runner import simulate
+from tests.sim.conftest import small_scenario
+
+
+def test_round_trip_gives_identical_decisions(
+    tmp_path: Path, model: ActorCritic, normalizer: FeatureNormalizer
+) -> None:
+    save_bundle(tmp_path, model, normalizer)
+    loaded = load_bundle(tmp_path, "v1")
+    sc = small_scenario(workflows=3)
+    a = simulate(sc, SchedulerPolicy(GNNScheduler(model, normalizer, "x")), seed=4)
+    b = simulate(sc, SchedulerPolicy(loaded), seed=4)
+    assert a["decisions"] == b["decisions"] and a["mean_jct_s"] == b["mean_jct_s"]
+
+
+def test_tampered_weights_are_refused(
+    tmp_path: Path, model: ActorCritic, normalizer: FeatureNormalizer
+) -> None:
+    sums = save_bundle(tmp_path, model, normalizer)
+    with (tmp_path / "state_dict.pt").open("ab") as f:
+        f.write(b"\0")
+    with pytest.raises(BundleError, match=r"checksum mismatch for state_dict\.pt"):
+        load_bundle(tmp_path, "v1", expected=sums)
+
+
+def test_other_features_are_refused(
+    tmp_path: Path, model: ActorCritic, normalizer: FeatureNormalizer
+) -> None:
+    save_bundle(tmp_path, model, normalizer)
+    schema = json.loads((tmp_path / "feature_schema.json").read_text())
+    schema["nodes"] = schema["nodes"][:-1]
+    (tmp_path / "feature_schema.json").write_text(json.dumps(schema))
+    sums = json.loads((tmp_path / "checksums.json").read_text())
+    from dagsched.policy.bundle import sha256
+
+    sums["feature_schema.json"] = sha256(tmp_path / "feature_schema.json")
+    with pytest.raises(BundleError, match="other features"):
+        load_bundle(tmp_path, "v1", expected=sums)
+
+
+def test_shipped_champion_loads() -> None:
+    shipped = Path(__file__).resolve().parents[2] / "models" / "champion"
+    sched = load_bundle(shipped, "shipped")
+    assert sched.version == "shipped"

@@ -1,0 +1,93 @@
+"""The actor-critic: any cluster size, masking, bounds, log-probabilities."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from dagsched.policy.api import SchedulerPolicy
+from dagsched.policy.batching import collate
+from dagsched.policy.features import NODE_FEATURES, observe
+from dagsched.policy.model import ActorCritic, act, evaluate
+from dagsched.policy.normalizer import FeatureNormalizer
+from dagsched.policy.scheduler import GNNScheduler
+from dagsched.sim.engine import Simulator
+from dagsched.sim.runner import generate_workflows, simulate
+from dagsched.sim.view import cluster_view, task_view
+from tests.sim.conftest import small_scenario
+
+
+def _first_batch(nodes: int):
+    sc = small_scenario(nodes=nodes, workflows=3)
+    sim = Simulator(sc, generate_workflows(sc, 0), seed=0)
+    batch = sim.advance()
+    assert batch is not None
+    return sim, batch
+
+
+def test_one_model_serves_any_cluster_size(
+    model: ActorCritic, normalizer: FeatureNormalizer
+) -> None:
+    for n in (8, 48, 200):
+        sim, batch = _first_batch(n)
+        sched = GNNScheduler(model, normalizer, "t")
+        placements = sched.place(cluster_view(sim), [task_view(t) for t in batch])
+        assert len(placements) == len(batch)
+        assert all(0 <= p.node < sim.cluster.n for p in placements)
+
+
+def test_dead_nodes_are_never_chosen(model: ActorCritic, normalizer: FeatureNormalizer) -> None:
+    sim, batch = _first_batch(16)
+    for node in range(15):
+        sim.cluster.set_alive(node, False)
+    cv = cluster_view(sim)
+    sched = GNNScheduler(model, normalizer, "t", deterministic=False)
+    for _ in range(20):
+        assert {p.node for p in sched.place(cv, [task_view(t) for t in batch])} == {15}
+
+
+def test_actions_in_bounds_and_logprob_consistent(
+    model: ActorCritic, normalizer: FeatureNormalizer
+) -> None:
+    sim, batch = _first_batch(16)
+    cv = cluster_view(sim)
+    obs = [normalizer.transform(observe(cv, task_view(t))) for t in batch]
+    b = collate(obs)
+    out = model(*b.args())
+    torch.manual_seed(1)
+    node, unit, logp = act(out, deterministic=False)
+    again, _ = evaluate(out, node, unit)
+    assert torch.allclose(logp, again)
+    assert torch.all((unit > 0) & (unit < 1))
+    sched = GNNScheduler(model, normalizer, "t", deterministic=False)
+    for p in sched.place(cv, [task_view(t) for t in batch]):
+        assert 0.1 <= p.cpu <= 0.9 and 0.2 <= p.mem <= 0.8 and 1 <= p.max_retries <= 5
+        assert np.isfinite(p.log_prob)
+
+
+def test_deterministic_mode_is_repeatable(
+    model: ActorCritic, normalizer: FeatureNormalizer
+) -> None:
+    sc = small_scenario(workflows=4)
+    sched = GNNScheduler(model, normalizer, "t", deterministic=True)
+    a = simulate(sc, SchedulerPolicy(sched), seed=1)
+    b = simulate(sc, SchedulerPolicy(sched), seed=1)
+    assert {k: v for k, v in a.items() if k != "wall_s"} == {
+        k: v for k, v in b.items() if k != "wall_s"
+    }
+
+
+def test_observation_shapes() -> None:
+    sim, batch = _first_batch(8)
+    o = observe(cluster_view(sim), task_view(batch[0]))
+    assert o.nodes.shape == (8, len(NODE_FEATURES))
+    assert o.dag.shape[0] == batch[0].run.wf.size
+    assert o.dag[o.task_idx, -1] == 1.0
+    assert o.anchor.shape == (8, 3) and np.all((o.anchor >= 0) & (o.anchor <= 1))
+
+
+def test_actor_parameters_are_only_the_heads(model: ActorCritic) -> None:
+    heads = {id(p) for p in model.actor_parameters()}
+    named = dict(model.named_parameters())
+    assert heads == {id(p) for n, p in named.items() if n.startswith(("scorer.", "cont_head."))}
+    assert 0 < len(heads) < len(named)
