@@ -21,6 +21,7 @@ class TopicSettings(_Strict):
     decisions: str = "dagsched.decisions"
     events: str = "dagsched.events"
     deadletter: str = "dagsched.deadletter"
+    decisionlog: str = "dagsched.decisionlog"
     partitions: int = Field(default=6, ge=1, le=256)
 
 
@@ -37,6 +38,7 @@ class DaemonSettings(_Strict):
     grace_s: float = Field(default=10.0, gt=0)
     metrics_port: int = Field(default=9464, ge=0, le=65535)
     fallback_policy: str = "least_loaded"
+    observation_ttl_s: int = Field(default=7 * 24 * 3600, ge=60)
 
 
 class RegistrySettings(_Strict):

@@ -9,6 +9,7 @@ Every key starts with `{topic_prefix}dagsched:` so two stacks can share one Redi
 | `led:{wf}/{task}:{attempt}` | hash | one placement: node, cores, mem, est. core-s, state `r` (holds a reservation) or `q` (waits in the node's queue) |
 | `nodeled:{id}` | set | ledger keys on a node (dropped when it goes down) |
 | `dec:{wf}/{task}:{attempt}` | string | the decision's JSON, written once (SET NX semantics) |
+| `obs:{wf}/{task}:{attempt}` | string | its decision-log JSON (observation, action), with a TTL |
 | `wf:{id}` | string | the workflow message JSON |
 | `wfdone:{id}`, `wfactive:{id}` | sets | task indices done / decided and not done |
 | `wfnode:{id}` | hash | task index -> node id of its latest started attempt |
@@ -169,6 +170,23 @@ class RedisState:
 
     def key(self, *parts: str) -> str:
         return self.prefix + ":".join(parts)
+
+    # -- decision logs (what each decision was made from) --------------------------------------
+
+    async def put_decision_logs(self, logs: Sequence[tuple[str, int, bytes]]) -> None:
+        """Keep each new decision's log record (observation, action) for `dagsched explain`."""
+        if not logs:
+            return
+        ttl = self.settings.daemon.observation_ttl_s
+        pipe = self.redis.pipeline(transaction=False)
+        for task_key, attempt, raw in logs:
+            pipe.set(self.key("obs", f"{task_key}:{attempt}"), raw, ex=ttl)
+        await pipe.execute()
+
+    async def decision_log(self, task_key: str, attempt: int) -> bytes | None:
+        """The stored log record of one decision, or None."""
+        raw = await self.redis.get(self.key("obs", f"{task_key}:{attempt}"))
+        return raw if isinstance(raw, bytes) or raw is None else str(raw).encode()
 
     # -- decisions ----------------------------------------------------------------------------
 

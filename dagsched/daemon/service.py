@@ -28,6 +28,7 @@ import structlog
 from aiokafka import ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord
+from redis.exceptions import RedisError
 
 from dagsched.daemon.convert import to_workflow
 from dagsched.daemon.kafka import Output, make_consumer, make_producer, produce_all
@@ -37,10 +38,12 @@ from dagsched.daemon.redis_state import RedisState, Reservation, connect
 from dagsched.daemon.state import Progress, StateStore
 from dagsched.daemon.updater import Updater
 from dagsched.policy.api import Placement, Scheduler
+from dagsched.policy.features import observation_to_dict
 from dagsched.registry import serving
 from dagsched.schemas.messages import (
     BadMessage,
     DeadLetterMsg,
+    DecisionLogMsg,
     DecisionMsg,
     TaskReadyMsg,
     WorkflowMsg,
@@ -115,6 +118,8 @@ class Daemon:
         self.stop_event = asyncio.Event()
         self.assigned = asyncio.Event()  # set once partitions are assigned (tests await it)
         self.batch_lock = asyncio.Lock()
+        self._logs: list[tuple[tuple[str, int], bytes]] = []
+        self._last_trace: list[Trace] = []
         self.server: MetricsServer | None = None
         self.consumer: Any = None
         self.updater: Updater | None = None
@@ -326,9 +331,15 @@ class Daemon:
             if answers.get(key) is None:
                 todo.setdefault(key, m)
         new: set[tuple[str, int]] = set()
+        self._logs = []
         if todo:
             decided, new = await self._decide(todo, fetched)
             answers.update(decided)
+        logs = [(k[0], k[1], raw) for k, raw in self._logs if k in new]
+        try:
+            await self.rs.put_decision_logs(logs)
+        except RedisError as exc:  # explainability is best effort; decisions are not
+            log.warning("decision_log.redis_failed", error=str(exc))
         fresh = 0
         seen: set[tuple[str, int]] = set()
         for i, rec, m in ready:
@@ -345,7 +356,10 @@ class Daemon:
                 self.stats["duplicates"] += 1
             seen.add(key)
             out[i] = (s.topic("decisions"), m.workflow_id.encode(), answer)
-        return [out[i] for i in range(len(records)) if out[i][2]], fresh
+        outputs = [out[i] for i in range(len(records)) if out[i][2]]
+        topic = s.topic("decisionlog")
+        outputs += [(topic, k.split("/")[0].encode(), raw) for k, _, raw in logs]
+        return outputs, fresh
 
     def _ack(self, rec: ConsumerRecord[bytes, bytes]) -> Output:
         del rec
@@ -429,7 +443,8 @@ class Daemon:
         for arm, keys in sorted(by_arm.items()):
             tvs = [self._task_view(view, *pending[k], progress) for k in keys]
             placements, arm, version = self._run_policy(arm, view, tvs)
-            for key, tv, p in zip(keys, tvs, placements, strict=True):
+            traces = self._last_trace
+            for key, tv, p, trace in zip(keys, tvs, placements, traces, strict=True):
                 m, wf = pending[key]
                 spec = wf.tasks[tv.idx]
                 node = int(p.node)
@@ -476,6 +491,7 @@ class Daemon:
                 if status in ("r", "q"):
                     placed[key] = decision
                     new.add(key)
+                    self._logs.append((key, _log_record(m, version, arm, node, p, trace, now)))
                     self.metrics.decisions.labels(arm=arm).inc()
                     self.stats["decisions"] += 1
                     if arm == "fallback":
@@ -488,10 +504,12 @@ class Daemon:
         self, arm: str, view: ClusterView, tvs: list[TaskView]
     ) -> tuple[list[Placement], str, str]:
         sched: Scheduler = self.models.scheduler(arm)
+        self._last_trace = [None] * len(tvs)
         if arm != "fallback":
             try:
                 placements = sched.place(view, tvs)
                 _check(placements, view, len(tvs))
+                self._last_trace = _trace(sched, len(tvs))
                 return placements, arm, sched.version
             except Exception as exc:  # the model failed: the heuristic answers this batch
                 log.error("model.failed", arm=arm, version=sched.version, error=str(exc))
@@ -538,6 +556,40 @@ class Daemon:
         except Exception:  # partitions moving: try again next time
             return
         self.metrics.consumer_lag.set(lag)
+
+
+Trace = tuple[dict[str, Any], list[float], float] | None
+
+
+def _trace(sched: Scheduler, n: int) -> list[Trace]:
+    """The raw observation, unit action and value behind each placement of a model's batch."""
+    obs = getattr(sched, "last_observations", None)
+    units = getattr(sched, "last_units", None)
+    values = getattr(sched, "last_values", None)
+    if obs is None or units is None or values is None or len(obs) != n:
+        return [None] * n
+    return [
+        (observation_to_dict(o), list(u), float(v))
+        for o, u, v in zip(obs, units, values, strict=True)
+    ]
+
+
+def _log_record(
+    m: TaskReadyMsg, version: str, arm: str, node: int, p: Placement, trace: Trace, now: float
+) -> bytes:
+    return DecisionLogMsg(
+        workflow_id=m.workflow_id,
+        task=m.task,
+        attempt=m.attempt,
+        model_version=version,
+        arm=arm,  # type: ignore[arg-type]
+        node_index=node,
+        unit=trace[1] if trace else None,
+        log_prob=min(0.0, p.log_prob) if math.isfinite(p.log_prob) else 0.0,
+        value=trace[2] if trace else None,
+        decided_at=now,
+        observation=trace[0] if trace else None,
+    ).encode()
 
 
 def _check(placements: list[Placement], view: ClusterView, n: int) -> None:

@@ -12,6 +12,7 @@ now), so one shared scorer can rank any number of nodes.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -84,6 +85,39 @@ class Observation:
     edges: np.ndarray  # [2, E] int64
     task_idx: int  # row of `dag` that is the task being placed
     anchor: np.ndarray  # [n_nodes, 3] the task's demand per node in the action's unit space
+
+
+def observation_to_dict(o: Observation) -> dict[str, Any]:
+    """A JSON-able form of an observation (for the decision log)."""
+    return {
+        "nodes": o.nodes.round(6).tolist(),
+        "mask": o.mask.astype(int).tolist(),
+        "cluster": o.cluster.round(6).tolist(),
+        "dag": o.dag.round(6).tolist(),
+        "edges": o.edges.tolist(),
+        "task_idx": o.task_idx,
+        "anchor": o.anchor.round(6).tolist(),
+    }
+
+
+def observation_from_dict(d: dict[str, Any]) -> Observation:
+    """Inverse of `observation_to_dict`; raises ValueError on a malformed record."""
+    try:
+        nodes = np.asarray(d["nodes"], dtype=np.float32)
+        o = Observation(
+            nodes=nodes,
+            mask=np.asarray(d["mask"], dtype=bool),
+            cluster=np.asarray(d["cluster"], dtype=np.float32),
+            dag=np.asarray(d["dag"], dtype=np.float32),
+            edges=np.asarray(d["edges"], dtype=np.int64).reshape(2, -1),
+            task_idx=int(d["task_idx"]),
+            anchor=np.asarray(d["anchor"], dtype=np.float32),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"malformed observation record: {exc}") from None
+    if nodes.ndim != 2 or nodes.shape[1] != len(NODE_FEATURES):
+        raise ValueError("observation record has other node features than this code")
+    return o
 
 
 def demand_fractions(

@@ -111,6 +111,28 @@ class DecisionMsg(_Message):
         return f"{self.workflow_id}/{self.task}"
 
 
+class DecisionLogMsg(_Message):
+    """What a new decision was made from, for the learner and `dagsched explain`: the model's
+    raw observation (None for the heuristic fallback) and its action in unit space."""
+
+    type: Literal["decision_log"] = "decision_log"
+    workflow_id: Id
+    task: TaskIndex
+    attempt: Attempt
+    model_version: Annotated[str, Field(min_length=1, max_length=200)]
+    arm: Arm
+    node_index: Annotated[int, Field(ge=0)]
+    unit: list[float] | None = None
+    log_prob: Annotated[float, Field(le=0, allow_inf_nan=False)] = 0.0
+    value: float | None = None
+    decided_at: Annotated[float, Field(ge=0, allow_inf_nan=False)]
+    observation: dict[str, Any] | None = None
+
+    @property
+    def task_key(self) -> str:
+        return f"{self.workflow_id}/{self.task}"
+
+
 # -- dagsched.events (key: node id) ---------------------------------------------------------
 
 
@@ -245,6 +267,7 @@ Message = Annotated[
     WorkflowMsg
     | TaskReadyMsg
     | DecisionMsg
+    | DecisionLogMsg
     | TaskStartedMsg
     | TaskFinishedMsg
     | TaskFailedMsg
@@ -260,6 +283,7 @@ MESSAGE_TYPES: dict[str, type[_Message]] = {
         WorkflowMsg,
         TaskReadyMsg,
         DecisionMsg,
+        DecisionLogMsg,
         TaskStartedMsg,
         TaskFinishedMsg,
         TaskFailedMsg,

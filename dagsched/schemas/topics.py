@@ -5,7 +5,7 @@ Topic names themselves come from settings (`settings.topic("tasks")`, with the p
 
 from __future__ import annotations
 
-TOPICS: tuple[str, ...] = ("tasks", "decisions", "events", "deadletter")
+TOPICS: tuple[str, ...] = ("tasks", "decisions", "events", "deadletter", "decisionlog")
 
 # topic (settings name) -> message `type` values accepted there
 ALLOWED_TYPES: dict[str, frozenset[str]] = {
@@ -15,6 +15,7 @@ ALLOWED_TYPES: dict[str, frozenset[str]] = {
         {"task_started", "task_finished", "task_failed", "node_heartbeat", "node_down", "node_up"}
     ),
     "deadletter": frozenset({"dead_letter"}),
+    "decisionlog": frozenset({"decision_log"}),
 }
 
 # topic -> what the record key is
@@ -23,4 +24,5 @@ KEYS: dict[str, str] = {
     "decisions": "workflow id",
     "events": "node id",
     "deadletter": "the original record's key",
+    "decisionlog": "workflow id",
 }
