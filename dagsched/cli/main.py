@@ -9,6 +9,7 @@ from pathlib import Path
 
 import typer
 
+from dagsched.cli.demo_cmds import demo_cmd
 from dagsched.cli.model_cmds import eval_cmd, models_app
 from dagsched.cli.service_cmds import broker_cmd, daemon_cmd, replay_cmd, updater_cmd
 from dagsched.cli.sim_cmds import sim_app
@@ -67,6 +68,7 @@ app.command("updater")(updater_cmd)
 app.command("train")(train_cmd)
 app.add_typer(models_app, name="models")
 app.command("eval")(eval_cmd)
+app.command("demo")(demo_cmd)
 
 
 def error_line(message: object) -> str:

@@ -85,6 +85,9 @@ def run_training(
 
         from dagsched.cli.console import progress_bar
 
+        checkpoint = settings.home / "checkpoints" / f"seed{seed}.pt"
+        if not resume:
+            checkpoint.unlink(missing_ok=True)  # a fresh run; --resume continues this one
         with progress_bar("PPO updates", enabled=show_progress) as bar:
             result = train(
                 settings.sim,
@@ -93,7 +96,7 @@ def run_training(
                 minutes=minutes,
                 seed=seed,
                 warm_start=warm_start,
-                checkpoint=settings.home / "checkpoints" / f"seed{seed}.pt" if resume else None,
+                checkpoint=checkpoint,
                 sink=sink,
                 on_update=lambda u, total: bar(u, total or 0),
             )

@@ -15,7 +15,8 @@ def model_channel(settings: Settings) -> str:
 
 
 def alias_version(settings: Settings, alias: str) -> str | None:
-    """The registry version that `alias` ("champion", "challenger") points at, or None.
+    """The version `alias` ("champion", "challenger") points at, named as decisions name it
+    ("v3", the same name `load_alias` returns), or None.
 
     When nothing is registered yet the shipped champion is registered first. Raises
     `RegistryError` when the registry itself is unreachable.
@@ -26,7 +27,8 @@ def alias_version(settings: Settings, alias: str) -> str | None:
         reg = Registry(settings)
         if alias == CHAMPION:
             reg.ensure_champion()
-        return reg.alias_version(alias)
+        version = reg.alias_version(alias)
+        return None if version is None else f"v{version}"
     except RegistryError:
         raise
     except Exception as exc:  # MLflow raises many kinds when its store is unreachable
@@ -38,7 +40,7 @@ def load_alias(settings: Settings, alias: str) -> tuple[str, Scheduler] | None:
     version carries the alias. Raises `RegistryError` when the version is refused."""
     from dagsched.registry.store import Registry
 
-    version = alias_version(settings, alias)
-    if version is None:
+    name = alias_version(settings, alias)
+    if name is None:
         return None
-    return f"v{version}", Registry(settings).load(version)
+    return name, Registry(settings).load(name.removeprefix("v"))

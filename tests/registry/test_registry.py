@@ -77,3 +77,17 @@ def test_empty_registry_registers_the_shipped_champion(registry: Registry) -> No
 def test_unknown_model_uri_is_a_clear_error(registry: Registry) -> None:
     with pytest.raises(RegistryError, match="cannot resolve"):
         load_model(registry, "no-such-thing")
+
+
+def test_serving_names_versions_as_decisions_do(
+    registry: Registry, tmp_path: Path, model: ActorCritic, normalizer: FeatureNormalizer
+) -> None:
+    """alias_version and load_alias agree, so the daemon's poll sees 'no change' and does not
+    reload the same version over and over."""
+    from dagsched.registry.serving import alias_version
+
+    v = _register(registry, tmp_path / "b", model, normalizer)
+    loaded = load_alias(registry.settings, CHAMPION)
+    assert loaded is not None
+    assert alias_version(registry.settings, CHAMPION) == loaded[0] == f"v{v}"
+    assert alias_version(registry.settings, "challenger") is None
