@@ -37,6 +37,7 @@ demo: setup
 
 bench: setup
 	$(PY) bench/sim_speed.py
+	$(PY) bench/aa_false_promotions.py
 	$(PY) bench/train_speed.py
 
 clean:

@@ -62,3 +62,36 @@ class TrainSettings(_Strict):
     update_epochs: int = Field(default=10, ge=1)
     max_rollout: int = Field(default=2048, ge=64)
     num_envs: int = Field(default=4, ge=1)
+
+
+class LearnerSettings(_Strict):
+    """`dagsched learner`: joining decisions with outcomes and one fine-tuning round per
+    `every_n_tasks` completed tasks (actor heads only)."""
+
+    group_id: str = "dagsched-learner"
+    every_n_tasks: int = Field(default=1000, ge=1)
+    window: int = Field(default=5000, ge=1)  # replay window: the most recent transitions
+    outcome_timeout_s: float = Field(default=600.0, gt=0)  # then the default outcome
+    learning_rate: float = Field(default=1e-4, gt=0)
+    clip_coef: float = Field(default=0.2, gt=0)
+    ent_coef: float = Field(default=0.0, ge=0)
+    max_grad_norm: float = Field(default=0.5, gt=0)
+    target_kl: float = Field(default=0.02, gt=0)  # approximate KL to the champion: stop
+    update_epochs: int = Field(default=4, ge=1)
+    minibatch_size: int = Field(default=64, ge=1)
+
+
+class EvaluatorSettings(_Strict):
+    """`dagsched evaluator`: the sequential A/B test, the guardrail and the Redis lease."""
+
+    group_id: str = "dagsched-evaluator"
+    alpha: float = Field(default=0.05, gt=0, lt=1)
+    min_samples: int = Field(default=100, ge=2)  # workflows per arm before any verdict
+    max_samples: int = Field(default=5000, ge=2)  # challenger workflows: then retire
+    tau_sla: float = Field(default=0.05, gt=0)  # mixing-prior sd of the SLA difference
+    tau_reward: float = Field(default=0.05, gt=0)  # mixing-prior sd of the reward difference
+    min_effect_sla: float = Field(default=0.02, ge=0)
+    min_effect_reward: float = Field(default=0.01, ge=0)
+    outcome_timeout_s: float = Field(default=600.0, gt=0)
+    guardrail_window: int = Field(default=200, ge=2)  # new-champion workflows watched
+    lease_ttl_s: float = Field(default=10.0, gt=0)

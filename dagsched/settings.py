@@ -25,6 +25,8 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from dagsched.service_config import (
     DaemonSettings,
+    EvaluatorSettings,
+    LearnerSettings,
     RegistrySettings,
     TopicSettings,
     TrainSettings,
@@ -66,6 +68,8 @@ class Settings(BaseSettings):
     daemon: DaemonSettings = Field(default_factory=DaemonSettings)
     registry: RegistrySettings = Field(default_factory=RegistrySettings)
     train: TrainSettings = Field(default_factory=TrainSettings)
+    learner: LearnerSettings = Field(default_factory=LearnerSettings)
+    evaluator: EvaluatorSettings = Field(default_factory=EvaluatorSettings)
 
     def topic(self, name: str) -> str:
         """The full name of topic `name` ("tasks", "decisions", ...) with the prefix."""

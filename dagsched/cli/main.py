@@ -10,8 +10,16 @@ from pathlib import Path
 import typer
 
 from dagsched.cli.demo_cmds import demo_cmd
+from dagsched.cli.explain_cmds import explain_cmd
 from dagsched.cli.model_cmds import eval_cmd, models_app
-from dagsched.cli.service_cmds import broker_cmd, daemon_cmd, replay_cmd, updater_cmd
+from dagsched.cli.service_cmds import (
+    broker_cmd,
+    daemon_cmd,
+    evaluator_cmd,
+    learner_cmd,
+    replay_cmd,
+    updater_cmd,
+)
 from dagsched.cli.sim_cmds import sim_app
 from dagsched.cli.state import CliState, help_without_command
 from dagsched.cli.train_cmds import train_cmd
@@ -65,9 +73,12 @@ sim_app.command("replay")(replay_cmd)
 app.command("broker")(broker_cmd)
 app.command("daemon")(daemon_cmd)
 app.command("updater")(updater_cmd)
+app.command("learner")(learner_cmd)
+app.command("evaluator")(evaluator_cmd)
 app.command("train")(train_cmd)
 app.add_typer(models_app, name="models")
 app.command("eval")(eval_cmd)
+app.command("explain")(explain_cmd)
 app.command("demo")(demo_cmd)
 
 

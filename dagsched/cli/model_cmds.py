@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +37,12 @@ def list_cmd(
     ctx: typer.Context,
     as_json: bool = typer.Option(False, "--json", help="One JSON array on stdout."),
 ) -> None:
-    """Versions with their aliases, metrics and tags (the shipped champion if empty)."""
+    """Versions with their aliases, metrics, tags and audit trail (the shipped champion if
+    empty)."""
+    from dagsched.registry.promotion import audit_trail
+
     reg = _registry(ctx)
+    trail = audit_trail(reg)
     by_version: dict[str, list[str]] = {}
     for alias, v in reg.aliases().items():
         by_version.setdefault(v, []).append(alias)
@@ -56,8 +61,10 @@ def list_cmd(
                 "tags": {
                     k: v
                     for k, v in tags.items()
-                    if not k.startswith(("metric.", "sha256.")) and k not in ("parent", "data")
+                    if not k.startswith(("metric.", "sha256.", "audit."))
+                    and k not in ("parent", "data")
                 },
+                "audit": [r for r in trail if str(mv.version) in (r["version"], r["from_version"])],
             }
         )
     if as_json:
@@ -72,6 +79,16 @@ def list_cmd(
         )
         table.add_row(r["version"], ",".join(r["aliases"]), r["parent"], r["data"], metrics)
     Console().print(table)
+    if trail:
+        audit = Table(title="audit trail (oldest first)")
+        for col in ("when", "action", "version", "from", "actor", "reason"):
+            audit.add_column(col)
+        for a in trail:
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(a["at"]))
+            audit.add_row(
+                when, a["action"], a["version"], a["from_version"], a["actor"], a["reason"]
+            )
+        Console().print(audit)
 
 
 @models_app.command("show")
@@ -86,6 +103,8 @@ def show_cmd(
         mv = reg.client.get_model_version(reg.name, version)
     except MlflowException:
         raise typer.BadParameter(f"no version {version} of {reg.name}") from None
+    from dagsched.registry.promotion import audit_trail
+
     aliases = [a for a, v in reg.aliases().items() if v == str(mv.version)]
     typer.echo(
         json.dumps(
@@ -95,10 +114,48 @@ def show_cmd(
                 "run_id": mv.run_id,
                 "source": mv.source,
                 "tags": dict(mv.tags),
+                "audit": audit_trail(reg, str(mv.version)),
             },
             indent=2,
         )
     )
+
+
+def _actor() -> str:
+    import getpass
+    import socket
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"operator:{user}@{socket.gethostname()}"
+
+
+@models_app.command("promote")
+def promote_cmd(
+    ctx: typer.Context,
+    version: str = typer.Argument(..., help="Version number to make the champion."),
+    reason: str = typer.Option(..., "--reason", help="Why (stored in the audit trail)."),
+) -> None:
+    """Verify VERSION (checksums + smoke inference), then make it the champion; the old
+    champion keeps the alias `previous`; daemons are notified on Redis."""
+    from dagsched.registry.promotion import Promoter
+
+    record = Promoter(_registry(ctx)).promote(version, reason, _actor())
+    typer.echo(json.dumps(record))
+
+
+@models_app.command("rollback")
+def rollback_cmd(
+    ctx: typer.Context,
+    reason: str = typer.Option(..., "--reason", help="Why (stored in the audit trail)."),
+) -> None:
+    """Give the champion alias back to the `previous` version (verified first)."""
+    from dagsched.registry.promotion import Promoter
+
+    record = Promoter(_registry(ctx)).rollback(reason, _actor())
+    typer.echo(json.dumps(record))
 
 
 def eval_cmd(

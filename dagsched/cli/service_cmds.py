@@ -150,6 +150,49 @@ def updater_cmd(
     _run_until_signal(main)
 
 
+def learner_cmd(
+    ctx: typer.Context,
+    bootstrap: str | None = BOOTSTRAP,
+    redis_url: str | None = REDIS_URL,
+    home: Path | None = HOME,
+) -> None:
+    """Join decisions with outcomes; every `learner.every_n_tasks` completed tasks fine-tune
+    the champion's actor heads and register the result as `@challenger`."""
+    from dagsched.daemon.broker import ensure_topics
+    from dagsched.learner.services import LearnerService
+
+    settings = service_settings(ctx, bootstrap, redis_url, home)
+
+    async def main(stop: asyncio.Event) -> None:
+        await _topics(settings, ensure_topics)
+        await LearnerService(settings).run(stop)
+
+    _run_until_signal(main)
+
+
+def evaluator_cmd(
+    ctx: typer.Context,
+    bootstrap: str | None = BOOTSTRAP,
+    redis_url: str | None = REDIS_URL,
+    home: Path | None = HOME,
+) -> None:
+    """A/B-test the challenger against the champion (mSPRT); promote, retire or roll back.
+    One JSON verdict per line on stdout. Only the holder of the Redis lease acts."""
+    from dagsched.daemon.broker import ensure_topics
+    from dagsched.learner.services import EvaluatorService
+
+    settings = service_settings(ctx, bootstrap, redis_url, home)
+
+    def emit(record: dict[str, Any]) -> None:
+        typer.echo(json.dumps(record, default=str))
+
+    async def main(stop: asyncio.Event) -> None:
+        await _topics(settings, ensure_topics)
+        await EvaluatorService(settings, emit).run(stop)
+
+    _run_until_signal(main)
+
+
 async def _topics(settings: Settings, ensure: Any) -> None:
     try:
         await ensure(settings)

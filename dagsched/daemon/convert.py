@@ -1,59 +1,6 @@
-"""Wire messages <-> simulator types (workflows), shared by the daemon and the replay."""
+"""Wire messages <-> simulator types; the code lives in `dagsched.sim.wire` (the learner
+uses it too, and nothing may import the daemon)."""
 
-from __future__ import annotations
+from dagsched.sim.wire import to_message, to_workflow
 
-from dagsched.schemas.messages import TaskSpecMsg, WorkflowMsg
-from dagsched.sim.workflow import TASK_TYPE_NAMES, TaskSpec, TaskType, Workflow, WorkflowError
-
-
-def to_workflow(msg: WorkflowMsg, max_tasks: int) -> Workflow:
-    """Build and validate the DAG; raise `WorkflowError` (cycle, dangling edge, too big)."""
-    if len(msg.tasks) > max_tasks:
-        raise WorkflowError(
-            f"workflow {msg.workflow_id!r} has {len(msg.tasks)} tasks, more than the "
-            f"{max_tasks} allowed (daemon.max_dag_tasks)"
-        )
-    specs = [
-        TaskSpec(
-            name=t.name,
-            type=TaskType(TASK_TYPE_NAMES.index(t.type)),
-            duration_s=t.duration_s,
-            cpu_cores=t.cpu_cores,
-            mem_gb=t.mem_gb,
-            input_bytes=t.input_bytes,
-            output_bytes=t.output_bytes,
-            cold_start_s=t.cold_start_s,
-        )
-        for t in msg.tasks
-    ]
-    return Workflow.build(
-        msg.workflow_id,
-        specs,
-        msg.edges,
-        arrival_s=msg.arrival_s,
-        deadline_s=msg.deadline_s,
-        source="kafka",
-    )
-
-
-def to_message(wf: Workflow) -> WorkflowMsg:
-    """The wire form of a simulator workflow."""
-    return WorkflowMsg(
-        workflow_id=wf.id,
-        tasks=[
-            TaskSpecMsg(
-                name=t.name,
-                type=TASK_TYPE_NAMES[t.type],  # type: ignore[arg-type]
-                duration_s=t.duration_s,
-                cpu_cores=t.cpu_cores,
-                mem_gb=t.mem_gb,
-                input_bytes=t.input_bytes,
-                output_bytes=t.output_bytes,
-                cold_start_s=t.cold_start_s,
-            )
-            for t in wf.tasks
-        ],
-        edges=wf.edges,
-        deadline_s=wf.deadline_s,
-        arrival_s=wf.arrival_s,
-    )
+__all__ = ["to_message", "to_workflow"]

@@ -33,6 +33,11 @@ Loader = Callable[[Settings, str], "Loaded | None"]
 VersionOf = Callable[[Settings, str], "str | None"]
 
 
+def workflow_bucket(workflow_id: str) -> float:
+    """A stable number in [0, 1) per workflow id: the A/B split."""
+    return zlib.crc32(workflow_id.encode()) / 2**32
+
+
 def make_fallback(name: str) -> Scheduler:
     """The heuristic that serves when no model can."""
     if name != "least_loaded":
@@ -67,15 +72,15 @@ class Models:
         return loaded[0] if loaded is not None else None
 
     def pick(self, task_key: str, attempt: int) -> str:
-        """The arm for a task: a stable `challenger_share` slice when a challenger serves."""
+        """The arm for a task: a `challenger_share` slice of workflows, stable by workflow id
+        (every task and attempt of a workflow goes to the same arm), when a challenger serves."""
+        del attempt
         if self.serving["champion"] is None:
             return "fallback"
         share = self.settings.daemon.challenger_share
-        if self.serving["challenger"] is not None and share > 0:
-            u = zlib.crc32(f"{task_key}:{attempt}".encode()) / 2**32
-            if u < share:
-                return "challenger"
-        return "champion"
+        if self.serving["challenger"] is None or share <= 0:
+            return "champion"
+        return "challenger" if workflow_bucket(task_key.rsplit("/", 1)[0]) < share else "champion"
 
     def scheduler(self, arm: str) -> Scheduler:
         loaded = self.serving.get(arm)

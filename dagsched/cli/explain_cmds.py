@@ -1,0 +1,783 @@
+"""`dagsched explain`: why the scheduler placed a task where it did.
+
+Reads the decision and its decision log (observation, action) that the daemon stored in Redis,
+reloads the model version that made it (registry, or `--model-dir` bundle), and attributes its
+outputs to named features with Captum's Integrated Gradients (`dagsched.policy.explain`).
+Runs offline, on demand: never on the daemon's hot path.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import math
+import re
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+from dagsched.cli.console import progress_bar, stderr_is_tty
+from dagsched.cli.state import state
+from dagsched.registry.errors import RegistryError
+from dagsched.schemas.messages import DecisionLogMsg
+from dagsched.settings import Settings
+
+if TYPE_CHECKING:
+    from dagsched.policy.explain import Explanation
+    from dagsched.policy.scheduler import GNNScheduler
+
+TASK_ID_HELP = (
+    "The task to explain, as WORKFLOW_ID/TASK_INDEX (the decision's workflow_id and task "
+    "index, e.g. wf-17/3)."
+)
+SUMMARY_TARGETS = ("logit_chosen", "logit_gap", "cpu", "mem", "max_retries")
+_GLOB = re.compile(r"([*?\[\]\\])")
+_DECIDED_AT = re.compile(rb'"decided_at":\s*([0-9.eE+-]+)')
+
+
+class ExplainFailed(typer.TyperException):
+    """A user-fixable problem: printed as one line `error: ...`, exit 2 (see cli.main.run)."""
+
+    exit_code = 2
+
+
+# -- Redis -----------------------------------------------------------------------------------------
+
+
+class DecisionStore:
+    """Read-only access to the daemon's decision store and decision logs (sync client).
+
+    Keys as `dagsched.daemon.redis_state.RedisState` writes them:
+    `{topic_prefix}dagsched:dec:{wf}/{task}:{attempt}` and `...:obs:{wf}/{task}:{attempt}`.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        import redis
+
+        self.url = settings.redis_url
+        self.prefix = f"{settings.topic_prefix}dagsched:"
+        self.redis = redis.Redis.from_url(self.url, socket_connect_timeout=2, socket_timeout=10)
+
+    def _call(self, fn: Any, *args: Any, **kw: Any) -> Any:
+        import redis
+
+        try:
+            return fn(*args, **kw)
+        except redis.RedisError as exc:
+            raise ExplainFailed(f"cannot read Redis at {self.url}: {exc}") from None
+
+    def key(self, kind: str, task_key: str, attempt: int) -> str:
+        return f"{self.prefix}{kind}:{task_key}:{attempt}"
+
+    def find(self, task_key: str, attempt: int | None) -> tuple[int, bytes | None, bytes | None]:
+        """(attempt, decision-log bytes, decision bytes) of the asked attempt, or of the latest
+        stored one (attempts 0, 1, ... until one has neither); ExplainFailed if none."""
+        if attempt is not None:
+            log, dec = self._call(
+                self.redis.mget,
+                [self.key("obs", task_key, attempt), self.key("dec", task_key, attempt)],
+            )
+            if log is None and dec is None:
+                raise ExplainFailed(
+                    f"unknown task id {task_key!r} attempt {attempt}: no decision stored "
+                    f"under {self.prefix}dec:{task_key}:{attempt}"
+                )
+            return attempt, log, dec
+        found: tuple[int, bytes | None, bytes | None] | None = None
+        k = 0
+        while True:
+            log, dec = self._call(
+                self.redis.mget, [self.key("obs", task_key, k), self.key("dec", task_key, k)]
+            )
+            if log is None and dec is None:
+                break
+            found = (k, log, dec)
+            k += 1
+        if found is None:
+            raise ExplainFailed(
+                f"unknown task id {task_key!r}: no decision stored under "
+                f"{self.prefix}dec:{task_key}:0"
+            )
+        return found
+
+    def node_ids(self) -> list[str]:
+        """Node ids the cluster view is built from (sorted, as `RedisState.cluster_view`)."""
+        raw = self._call(self.redis.smembers, f"{self.prefix}nodes")
+        return sorted(x.decode() if isinstance(x, bytes) else str(x) for x in raw)
+
+    def recent_logs(self, n: int) -> tuple[list[DecisionLogMsg], int, int]:
+        """The `n` most recent decision logs (by decided_at), how many logs are stored, and how
+        many of the chosen ones were unreadable. Streams the values in chunks and keeps only the
+        `n` newest raw records, so memory stays bounded however many are stored."""
+        pattern = _GLOB.sub(r"\\\1", self.prefix) + "obs:*"
+        keys = list(self._call(lambda: list(self.redis.scan_iter(match=pattern, count=1000))))
+        newest: list[tuple[float, int, bytes]] = []  # min-heap of (decided_at, seq, raw)
+        stored = 0
+        for i in range(0, len(keys), 500):
+            for raw in self._call(self.redis.mget, keys[i : i + 500]):
+                if raw is None:  # expired meanwhile
+                    continue
+                stored += 1
+                m = _DECIDED_AT.search(raw)
+                at = float(m[1]) if m else 0.0
+                item = (at, stored, raw)
+                if len(newest) < n:
+                    heapq.heappush(newest, item)
+                elif item > newest[0]:
+                    heapq.heapreplace(newest, item)
+        logs: list[DecisionLogMsg] = []
+        bad = 0
+        for _, _, raw in sorted(newest, reverse=True):
+            try:
+                logs.append(DecisionLogMsg.model_validate_json(raw))
+            except ValueError:
+                bad += 1
+        return logs, stored, bad
+
+
+# -- models ----------------------------------------------------------------------------------------
+
+
+class Models:
+    """The model version that made a decision: from the registry ("v3" -> version 3) or from
+    `--model-dir` (a bundle folder, or a folder of bundles named by version)."""
+
+    def __init__(self, settings: Settings, model_dir: Path | None) -> None:
+        self.settings = settings
+        self.model_dir = model_dir
+        self.cache: dict[str, GNNScheduler] = {}
+        self.source: dict[str, str] = {}  # version -> where it was loaded from
+
+    def get(self, version: str) -> GNNScheduler:
+        if version not in self.cache:
+            self.cache[version] = self._load(version)
+        return self.cache[version]
+
+    def _load(self, version: str) -> GNNScheduler:
+        if self.model_dir is not None:
+            from dagsched.policy.bundle import BundleError, load_bundle
+
+            base = self.model_dir
+            for folder in (base / version, base / version.removeprefix("v"), base):
+                if (folder / "checksums.json").is_file():
+                    try:
+                        sched = load_bundle(folder, version)
+                    except BundleError as exc:
+                        raise RegistryError(str(exc)) from None
+                    self.source[version] = f"bundle {folder}"
+                    return sched
+            raise RegistryError(f"{base}: no model bundle for version {version!r}")
+        m = re.fullmatch(r"v(\d+)", version)
+        if m is None:
+            raise RegistryError(
+                f"model version {version!r} is not a registry version (vN); "
+                "pass --model-dir with its bundle"
+            )
+        from dagsched.registry.store import Registry
+
+        sched = Registry(self.settings).load(m[1])
+        self.source[version] = f"registry version {m[1]}"
+        return sched
+
+
+# -- the command -----------------------------------------------------------------------------------
+
+
+def explain_cmd(
+    ctx: typer.Context,
+    task_id: str | None = typer.Option(None, "--task-id", help=TASK_ID_HELP),
+    attempt: int | None = typer.Option(
+        None, "--attempt", min=0, help="Attempt number (default: the latest stored attempt)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object on stdout."),
+    png: Path | None = typer.Option(
+        None, "--png", help="Also write a heatmap of contributions over nodes x features."
+    ),
+    top: int = typer.Option(12, "--top", min=1, help="Rows per table."),
+    sample: int | None = typer.Option(
+        None, "--sample", min=1, help="Summarise the N most recent decisions (needs --out)."
+    ),
+    out: Path | None = typer.Option(
+        None, "--out", help="Folder for the --sample report (explain.md, charts, explain.json)."
+    ),
+    model_dir: Path | None = typer.Option(
+        None,
+        "--model-dir",
+        help="Load models from this bundle folder (or a folder of bundles named by version) "
+        "instead of the registry.",
+    ),
+    steps: int = typer.Option(
+        32, "--steps", min=4, max=512, help="Integrated-gradients steps (Gauss-Legendre)."
+    ),
+    redis_url: str | None = typer.Option(
+        None, "--redis-url", help="Redis URL (env DAGSCHED_REDIS_URL)."
+    ),
+) -> None:
+    """Explain a decision: which features made the model pick this node and these values.
+
+    Either --task-id WORKFLOW_ID/TASK_INDEX [--attempt K] for one decision (a table, --json,
+    --png), or --sample N --out DIR for a Markdown report over the N most recent decisions per
+    model version. Attributions: Captum Integrated Gradients from the training-mean
+    observation; every target's contributions sum to its change from that baseline.
+    """
+    if (task_id is None) == (sample is None):
+        raise typer.BadParameter("give either --task-id or --sample N (with --out DIR)")
+    if sample is not None and out is None:
+        raise typer.BadParameter("--sample needs --out DIR", param_hint="'--out'")
+    if model_dir is not None and not model_dir.is_dir():
+        raise typer.BadParameter(f"{model_dir} is not a folder", param_hint="'--model-dir'")
+    flags = {"redis_url": redis_url} if redis_url is not None else {}
+    settings = state(ctx).settings(flags)
+    store = DecisionStore(settings)
+    models = Models(settings, model_dir)
+    if task_id is not None:
+        _explain_one(store, models, task_id, attempt, as_json, png, top, steps)
+    else:
+        assert sample is not None and out is not None
+        _explain_sample(store, models, sample, out, as_json, top, steps)
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """One torch intra-op thread while explaining: the batches are small, and on a shared
+    2-core machine one thread measured 2-5x faster than two (bench/explain_speed.py); it also
+    leaves the other cores to a daemon on the same host."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def parse_task_id(task_id: str) -> str:
+    """Check a "WORKFLOW_ID/TASK_INDEX" task id; return it normalised."""
+    wf, sep, idx = task_id.rpartition("/")
+    if not sep or not wf or not idx.isdigit():
+        raise typer.BadParameter(
+            f"{task_id!r} is not WORKFLOW_ID/TASK_INDEX (e.g. wf-17/3)", param_hint="'--task-id'"
+        )
+    return f"{wf}/{int(idx)}"
+
+
+def _load_log(raw: bytes, what: str) -> DecisionLogMsg:
+    try:
+        return DecisionLogMsg.model_validate_json(raw)
+    except ValueError as exc:
+        first = str(exc).splitlines()[0]
+        raise ExplainFailed(f"stored decision log of {what} is malformed: {first}") from None
+
+
+def _explain_one(
+    store: DecisionStore,
+    models: Models,
+    task_id: str,
+    attempt: int | None,
+    as_json: bool,
+    png: Path | None,
+    top: int,
+    steps: int,
+) -> None:
+    task_key = parse_task_id(task_id)
+    k, raw_log, raw_dec = store.find(task_key, attempt)
+    what = f"{task_key} attempt {k}"
+    decision: dict[str, Any] | None = None
+    if raw_dec is not None:
+        try:
+            decision = json.loads(raw_dec)
+        except ValueError:
+            decision = None
+    if raw_log is None:
+        arm = (decision or {}).get("arm")
+        if arm == "fallback":
+            _say_fallback(what, task_key, k, decision, None, as_json, png)
+            return
+        raise ExplainFailed(
+            f"{what} was decided, but its decision log (observation) is not stored any more "
+            "(expired, or written before decision logs existed)"
+        )
+    log = _load_log(raw_log, what)
+    if log.arm == "fallback" or log.observation is None:
+        _say_fallback(what, task_key, k, decision, log, as_json, png)
+        return
+
+    from dagsched.policy.explain import CORE_TARGETS, ExplainError, write_heatmap
+    from dagsched.policy.features import observation_from_dict
+
+    try:
+        obs = observation_from_dict(log.observation)
+    except ValueError as exc:
+        raise ExplainFailed(f"{what}: {exc}") from None
+    ids = _node_ids(store, obs.nodes.shape[0], log.node_index, decision)
+    targets = (*CORE_TARGETS, "node_scores") if png is not None else CORE_TARGETS
+    with one_thread():
+        sched = models.get(log.model_version)
+        t0 = time.perf_counter()
+        try:
+            ex = _explain(sched, obs, log.node_index, targets, steps, ids)
+        except ExplainError as exc:
+            raise ExplainFailed(f"{what}: {exc}") from None
+    ex.meta = {
+        "task_id": task_key,
+        "attempt": k,
+        "model_version": log.model_version,
+        "arm": log.arm,
+        "decided_at": log.decided_at,
+        "decision": decision,
+        "reproduces_log": _reproduces(ex, log),
+        "explain_s": round(time.perf_counter() - t0, 4),
+    }
+    if png is not None:
+        title = f"{task_key} attempt {k}: model {log.model_version} ({log.arm})"
+        write_heatmap(png, ex, title)
+    if as_json:
+        d = ex.to_dict(top)
+        if png is not None:
+            d["png"] = str(png)
+        typer.echo(json.dumps(d))
+    else:
+        _print_table(ex, top, png)
+
+
+def _explain(
+    sched: GNNScheduler,
+    obs: Any,
+    chosen: int,
+    targets: Sequence[str],
+    steps: int,
+    ids: list[str] | None,
+) -> Explanation:
+    from dagsched.policy.explain import explain_observation
+
+    return explain_observation(
+        sched.model, sched.normalizer, obs, chosen, targets=targets, n_steps=steps, node_ids=ids
+    )
+
+
+def _node_ids(
+    store: DecisionStore, n: int, chosen: int, decision: dict[str, Any] | None
+) -> list[str] | None:
+    """Node ids for display: Redis' current node set when it still lines up with the
+    observation (same count, and the chosen index is the decision's node); else None."""
+    if not 0 <= chosen < n:
+        return None  # explain_observation refuses it with a clear error
+    ids = store.node_ids()
+    node = (decision or {}).get("node")
+    if len(ids) == n and (node is None or ids[chosen] == node):
+        return ids
+    if node is not None:  # only the chosen node's id is known for sure
+        return [node if i == chosen else f"node {i}" for i in range(n)]
+    return None
+
+
+def _reproduces(ex: Explanation, log: DecisionLogMsg) -> dict[str, Any]:
+    """Does the reloaded model make the logged decision again (node and Beta means)?"""
+    same_node = ex.recomputed_choice == log.node_index
+    out: dict[str, Any] = {"node": same_node}
+    if log.unit is not None and len(log.unit) == 3:
+        lo, hi = (0.1, 0.2, 1.0), (0.9, 0.8, 5.0)
+        logged = [lo[i] + log.unit[i] * (hi[i] - lo[i]) for i in range(3)]
+        diff = max(abs(a - float(b)) for a, b in zip(logged, ex.values, strict=True))
+        out["values"] = diff <= 1e-3 * 4  # retries span 4 units; 1e-3 of each range
+        out["max_value_diff"] = float(f"{diff:.3g}")
+    return out
+
+
+def _say_fallback(
+    what: str,
+    task_key: str,
+    attempt: int,
+    decision: dict[str, Any] | None,
+    log: DecisionLogMsg | None,
+    as_json: bool,
+    png: Path | None,
+) -> None:
+    node = (decision or {}).get("node")
+    version = log.model_version if log is not None else (decision or {}).get("model_version")
+    where = f" on {node}" if node else ""
+    msg = (
+        f"{what} was placed{where} by the heuristic fallback ({version}), not by a model: "
+        "there are no model attributions to show"
+    )
+    if png is not None:
+        msg += "; no picture written"
+    if as_json:
+        typer.echo(
+            json.dumps(
+                {
+                    "task_id": task_key,
+                    "attempt": attempt,
+                    "arm": "fallback",
+                    "model_version": version,
+                    "fallback": True,
+                    "decision": decision,
+                    "message": msg,
+                    "targets": None,
+                }
+            )
+        )
+    else:
+        typer.echo(msg)
+
+
+# -- terminal output -------------------------------------------------------------------------------
+
+
+def _console() -> Any:
+    from rich.console import Console
+
+    return Console(width=None if sys.stdout.isatty() else 120)
+
+
+def _fmt(x: float) -> str:
+    if x == 0:
+        return "0"
+    if abs(x) >= 1000 or abs(x) < 1e-3:
+        return f"{x:.3g}"
+    return f"{x:.4f}".rstrip("0").rstrip(".")
+
+
+def _signed(x: float) -> str:
+    return ("+" if x > 0 else "") + _fmt(x)
+
+
+def _print_table(ex: Explanation, top: int, png: Path | None) -> None:
+    from rich.table import Table
+
+    from dagsched.policy.explain import BASELINE, METHOD, TARGETS
+
+    con = _console()
+    m = ex.meta
+    probs = ex.probabilities
+    c, r = ex.chosen, ex.runner_up
+    vals = ex.values
+    con.print(
+        f"[bold]{m['task_id']} attempt {m['attempt']}[/]: model {m['model_version']} "
+        f"({m['arm']}) placed it on [bold]{ex.node_name(c)}[/] (index {c}, p={probs[c]:.2f}), "
+        f"cpu {vals[0]:.2f}, mem {vals[1]:.2f}, retries {vals[2]:.2f} (Beta means)"
+    )
+    if r is not None:
+        con.print(
+            f"runner-up: {ex.node_name(r)} (index {r}, p={probs[r]:.2f}); "
+            f"logit gap {ex.logits[c] - ex.logits[r]:.4f}"
+        )
+    rep = m.get("reproduces_log", {})
+    if not rep.get("node", True) or not rep.get("values", True):
+        con.print(
+            f"[yellow]warning[/]: this model now picks {ex.node_name(ex.recomputed_choice)} "
+            "or other values than the log says: its files are not the ones that decided"
+        )
+    con.print(f"method: {METHOD}, {ex.n_steps} steps; baseline: {BASELINE}")
+
+    table = Table(title=f"Top contributions to the {TARGETS['logit_chosen'][0]}")
+    for col, just in (
+        ("feature", "left"),
+        ("belongs to", "left"),
+        ("value", "right"),
+        ("contribution", "right"),
+    ):
+        table.add_column(col, justify=just)  # type: ignore[arg-type]
+    for x in ex.top("logit_chosen", top):
+        table.add_row(x.feature, x.entity, _fmt(x.value), _signed(x.contribution))
+    con.print(table)
+
+    if r is not None:
+        sep = Table(
+            title=f"What separated {ex.node_name(c)} from {ex.node_name(r)} "
+            f"(contributions to the logit gap)"
+        )
+        for col in ("feature", ex.node_name(c), ex.node_name(r), "contribution"):
+            sep.add_column(col, justify="left" if col == "feature" else "right")
+        for row in ex.separation(top):
+            sep.add_row(
+                row["feature"],
+                _fmt(row["chosen_value"]),
+                _fmt(row["runner_up_value"]),
+                _signed(row["contribution"]),
+            )
+        sep.add_row("(cluster + DAG features, shared)", "", "", _signed(ex.shared_gap()))
+        con.print(sep)
+
+    cont = Table(title="Continuous values at the chosen node: top contributions")
+    for col in ("value", "decided", "baseline", "top features (contribution)"):
+        cont.add_column(
+            col, justify="left" if col in ("value", "top features (contribution)") else "right"
+        )
+    for name in ("cpu", "mem", "max_retries"):
+        t = ex.targets[name]
+        tops = ", ".join(
+            f"{x.feature} @ {x.entity} {_signed(x.contribution)}" for x in ex.top(name, 3)
+        )
+        cont.add_row(name, _fmt(t.output), _fmt(t.baseline_output), tops)
+    con.print(cont)
+    status = "ok" if ex.complete else "[red]FAILED[/]"
+    con.print(
+        "completeness: contributions sum to f(x) - f(baseline) for every target within "
+        f"max(0.01, 1% of the change): {status} (largest error {ex.max_error:.2g})"
+    )
+    if png is not None:
+        con.print(f"wrote {png}")
+
+
+# -- --sample: a report over recent decisions ------------------------------------------------------
+
+
+def _explain_sample(
+    store: DecisionStore,
+    models: Models,
+    n: int,
+    out: Path,
+    as_json: bool,
+    top: int,
+    steps: int,
+) -> None:
+    from dagsched.policy.explain import CORE_TARGETS, ExplainError
+    from dagsched.policy.features import observation_from_dict
+
+    logs, stored, unreadable = store.recent_logs(n)
+    by_version: dict[str, list[DecisionLogMsg]] = defaultdict(list)
+    fallback = 0
+    for log in logs:
+        if log.arm == "fallback" or log.observation is None:
+            fallback += 1
+        else:
+            by_version[log.model_version].append(log)
+    sums: dict[str, dict[str, dict[str, float]]] = {}
+    counts: dict[str, int] = {}
+    arms: dict[str, dict[str, int]] = {}
+    errors: dict[str, str] = {}
+    incomplete: dict[str, int] = {}
+    max_err: dict[str, float] = {}
+    total = sum(len(v) for v in by_version.values())
+    done = 0
+    with one_thread(), progress_bar("explaining", enabled=stderr_is_tty()) as progress:
+        for version, items in by_version.items():
+            try:
+                sched = models.get(version)
+            except RegistryError as exc:
+                errors[version] = " ".join(str(exc).split())
+                done += len(items)
+                continue
+            acc: dict[str, dict[str, float]] = {t: defaultdict(float) for t in SUMMARY_TARGETS}
+            arms[version] = defaultdict(int)
+            for log in items:
+                done += 1
+                progress(done, total)
+                assert log.observation is not None
+                try:
+                    obs = observation_from_dict(log.observation)
+                    ex = _explain(sched, obs, log.node_index, CORE_TARGETS, steps, None)
+                except (ValueError, ExplainError):
+                    unreadable += 1
+                    continue
+                counts[version] = counts.get(version, 0) + 1
+                arms[version][log.arm] += 1
+                if not ex.complete:
+                    incomplete[version] = incomplete.get(version, 0) + 1
+                max_err[version] = max(max_err.get(version, 0.0), ex.max_error)
+                for t in SUMMARY_TARGETS:
+                    if t in ex.targets:
+                        for name, v in ex.per_feature(t).items():
+                            acc[t][name] += v
+            if counts.get(version):
+                sums[version] = {
+                    t: {k: v / counts[version] for k, v in acc[t].items()} for t in SUMMARY_TARGETS
+                }
+    out.mkdir(parents=True, exist_ok=True)
+    report = _write_report(
+        out,
+        n,
+        stored,
+        logs,
+        fallback,
+        unreadable,
+        sums,
+        counts,
+        arms,
+        errors,
+        incomplete,
+        max_err,
+        models.source,
+        top,
+    )
+    if as_json:
+        typer.echo(json.dumps(report))
+    else:
+        typer.echo(
+            f"wrote {out / 'explain.md'}: {len(logs)} decisions, "
+            f"{sum(counts.values())} explained over {len(sums)} model version(s), "
+            f"{fallback} by the heuristic fallback"
+        )
+
+
+def _champion_versions(logs: Sequence[DecisionLogMsg]) -> list[str]:
+    """Versions the champion arm used, oldest first (by their latest decision)."""
+    last: dict[str, float] = {}
+    for log in logs:
+        if log.arm == "champion" and log.observation is not None:
+            last[log.model_version] = max(last.get(log.model_version, 0.0), log.decided_at)
+    return sorted(last, key=last.__getitem__)
+
+
+def _safe(version: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", version)
+
+
+def _shares(means: dict[str, float]) -> dict[str, float]:
+    s = sum(means.values())
+    return {k: (v / s if s > 0 else 0.0) for k, v in means.items()}
+
+
+def _write_report(
+    out: Path,
+    asked: int,
+    stored: int,
+    logs: Sequence[DecisionLogMsg],
+    fallback: int,
+    unreadable: int,
+    sums: dict[str, dict[str, dict[str, float]]],
+    counts: dict[str, int],
+    arms: dict[str, dict[str, int]],
+    errors: dict[str, str],
+    incomplete: dict[str, int],
+    max_err: dict[str, float],
+    sources: dict[str, str],
+    top: int,
+) -> dict[str, Any]:
+    from dagsched.policy.explain import BASELINE, METHOD, TOLERANCE_ABS, TOLERANCE_REL, write_bars
+
+    lines = ["# Why the scheduler decides what it decides", ""]
+    span = ""
+    if logs:
+        t0 = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(min(x.decided_at for x in logs)))
+        t1 = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(max(x.decided_at for x in logs)))
+        span = f", decided {t0} - {t1} UTC"
+    lines += [
+        f"The {len(logs)} most recent of {stored} stored decision logs (asked for {asked})"
+        f"{span}: "
+        f"{sum(counts.values())} explained, {fallback} made by the heuristic fallback "
+        f"(no model, no attributions), {unreadable} unreadable records skipped.",
+        "",
+        f"Method: {METHOD}; baseline: {BASELINE}. A feature's score is its mean |attribution| "
+        "per decision, summed over the nodes (node features) or the DAG's tasks (DAG features) "
+        "it appears in; *share* is that score over the sum of all scores. Targets: the chosen "
+        "node's logit, the logit gap to the runner-up node, and the CPU, memory and retries "
+        "values (Beta means at the chosen node, in their units). Completeness rule per target: "
+        f"|sum(attr) - (f(x) - f(baseline))| <= max({TOLERANCE_ABS:g}, "
+        f"{TOLERANCE_REL:g} x |f(x) - f(baseline)|).",
+        "",
+    ]
+    charts: dict[str, str] = {}
+    for version in sorted(sums, key=lambda v: -counts[v]):
+        means = sums[version]
+        chosen = means["logit_chosen"]
+        share = _shares(chosen)
+        arm_txt = ", ".join(f"{a} {k}" for a, k in sorted(arms[version].items()))
+        lines += [
+            f"## Model {version}",
+            "",
+            f"{counts[version]} decisions ({arm_txt}), model loaded from "
+            f"{sources.get(version, '?')}; completeness held for "
+            f"{counts[version] - incomplete.get(version, 0)} of {counts[version]} "
+            f"(largest error {max_err.get(version, 0.0):.2g}).",
+            "",
+            "| feature | share (chosen logit) | chosen logit | logit gap | cpu | mem | retries |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for name in sorted(chosen, key=lambda x: -chosen[x])[:top]:
+            cells = [f"{means[t].get(name, 0.0):.4f}" for t in SUMMARY_TARGETS]
+            lines.append(f"| `{name}` | {share[name]:.1%} | " + " | ".join(cells) + " |")
+        png = f"explain_{_safe(version)}.png"
+        write_bars(
+            out / png,
+            f"model {version}: top features ({counts[version]} decisions)",
+            {"chosen logit": chosen, "logit gap": means["logit_gap"]},
+            top=min(top, 15),
+        )
+        charts[version] = png
+        lines += ["", f"![top features of {version}]({png})", ""]
+    for version, why in sorted(errors.items()):
+        lines += [f"## Model {version}", "", f"Not explained: {why}", ""]
+
+    comparison: dict[str, Any] | None = None
+    champs = [v for v in _champion_versions(logs) if v in sums]
+    lines += ["## After the last promotion", ""]
+    if len(champs) >= 2:
+        prev, cur = champs[-2], champs[-1]
+        a, b = _shares(sums[prev]["logit_chosen"]), _shares(sums[cur]["logit_chosen"])
+        names = sorted(set(a) | set(b), key=lambda x: -max(a.get(x, 0), b.get(x, 0)))[:top]
+        rank_a = {x: i + 1 for i, x in enumerate(sorted(a, key=lambda x: -a[x]))}
+        rank_b = {x: i + 1 for i, x in enumerate(sorted(b, key=lambda x: -b[x]))}
+        lines += [
+            f"The champion arm served {prev} and then {cur}. Shares of the chosen node's logit:",
+            "",
+            f"| feature | {prev} | {cur} | change | rank {prev} → {cur} |",
+            "|---|---:|---:|---:|---:|",
+        ]
+        rows = []
+        for x in names:
+            d = b.get(x, 0.0) - a.get(x, 0.0)
+            rows.append({"feature": x, "previous": a.get(x, 0.0), "current": b.get(x, 0.0)})
+            lines.append(
+                f"| `{x}` | {a.get(x, 0.0):.1%} | {b.get(x, 0.0):.1%} | {d * 100:+.1f} pp | "
+                f"{rank_a.get(x, '-')} → {rank_b.get(x, '-')} |"
+            )
+        png = "explain_promotion.png"
+        write_bars(
+            out / png,
+            f"share of the chosen logit: {prev} (before) vs {cur} (after)",
+            {cur: b, prev: a},
+            top=min(top, 15),
+            xlabel="share of all |IG attribution| to the chosen node's logit",
+        )
+        lines += ["", f"![before and after the promotion]({png})", ""]
+        comparison = {"previous": prev, "current": cur, "features": rows, "png": png}
+    else:
+        lines += [
+            "Fewer than two model versions served the champion arm among these decisions: "
+            "nothing to compare yet.",
+            "",
+        ]
+    (out / "explain.md").write_text("\n".join(lines))
+    report = {
+        "asked": asked,
+        "stored": stored,
+        "decisions": len(logs),
+        "fallback": fallback,
+        "unreadable": unreadable,
+        "versions": {
+            v: {
+                "decisions": counts[v],
+                "arms": dict(arms[v]),
+                "incomplete": incomplete.get(v, 0),
+                "max_error": max_err.get(v, 0.0),
+                "mean_abs_attribution": sums[v],
+                "png": charts[v],
+                "source": sources.get(v),
+            }
+            for v in sums
+        },
+        "not_explained": errors,
+        "promotion": comparison,
+        "report": str(out / "explain.md"),
+    }
+    (out / "explain.json").write_text(json.dumps(_finite(report), indent=2) + "\n")
+    return _finite(report)
+
+
+def _finite(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_finite(v) for v in x]
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x

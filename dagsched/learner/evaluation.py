@@ -1,0 +1,174 @@
+"""The A/B evaluator's core, free of Kafka: per-workflow outcomes per arm, the sequential
+test, the guardrail after a promotion, and the Redis lease that lets one evaluator act.
+
+A workflow is one sample: SLA 1 when every task finished by `arrival + deadline`, 0 when it
+failed (a task failed on its last allowed attempt) or finished late; reward = mean reward of
+its attempts. Workflows are counted for the arm and version that decided their first task.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from dagsched.learner.online import Joined, OutcomeJoiner
+from dagsched.learner.sequential import ABTest, DecisionRule, Running, Verdict, compare
+from dagsched.service_config import EvaluatorSettings
+
+
+def rule_from(cfg: EvaluatorSettings) -> DecisionRule:
+    """The decision rule from the evaluator settings."""
+    return DecisionRule(
+        alpha=cfg.alpha,
+        min_samples=cfg.min_samples,
+        max_samples=cfg.max_samples,
+        tau={"sla": cfg.tau_sla, "reward": cfg.tau_reward},
+        min_effect={"sla": cfg.min_effect_sla, "reward": cfg.min_effect_reward},
+    )
+
+
+@dataclass
+class _Tally:
+    arm: str
+    version: str
+    rewards: list[float] = field(default_factory=list)
+    done: set[int] = field(default_factory=set)
+    last_end: float = 0.0
+    failed: bool = False
+
+
+@dataclass
+class Sample:
+    """One finished workflow."""
+
+    workflow_id: str
+    arm: str
+    version: str
+    sla: float
+    reward: float
+
+
+class WorkflowOutcomes:
+    """Turns joined attempts into one `Sample` per finished workflow."""
+
+    def __init__(self, joiner: OutcomeJoiner) -> None:
+        self.joiner = joiner
+        self.tallies: dict[str, _Tally] = {}
+
+    def add(self, j: Joined) -> Sample | None:
+        info = self.joiner.workflows.get(j.workflow_id)
+        if info is None or j.arm == "fallback":
+            return None
+        t = self.tallies.setdefault(j.workflow_id, _Tally(j.arm, j.version))
+        t.rewards.append(j.reward)
+        task = int(j.key[0].rsplit("/", 1)[1])
+        if j.failed:
+            if j.key[1] + 1 >= j.max_retries:
+                t.failed = True
+        else:
+            t.done.add(task)
+            t.last_end = max(t.last_end, j.end_at)
+        if not t.failed and len(t.done) < info.wf.size:
+            return None
+        del self.tallies[j.workflow_id]
+        met = not t.failed and t.last_end <= info.wf.arrival_s + info.wf.deadline_s
+        return Sample(j.workflow_id, t.arm, t.version, float(met), sum(t.rewards) / len(t.rewards))
+
+
+Action = tuple[str, Verdict]  # ("promote" | "retire" | "rollback", why)
+
+
+class Judge:
+    """The A/B test between the current champion and challenger versions, and the guardrail
+    that watches a freshly promoted champion against the one it replaced."""
+
+    def __init__(self, rule: DecisionRule, guardrail_window: int) -> None:
+        self.rule = rule
+        self.guardrail_window = guardrail_window
+        self.champion: str | None = None
+        self.challenger: str | None = None
+        self.test = ABTest(rule)
+        self.watch: tuple[str, Running, Running] | None = None  # (new champion, old, new)
+
+    def versions(self, champion: str | None, challenger: str | None) -> None:
+        """The registry's aliases now; a new pair restarts the test."""
+        if (champion, challenger) != (self.champion, self.challenger):
+            self.champion, self.challenger = champion, challenger
+            self.test = ABTest(self.rule)
+
+    def promoted(self) -> None:
+        """Start the guardrail: the old champion's SLA so far against the new one's."""
+        old = self.test.arms["champion"]["sla"]
+        if self.challenger is not None:
+            self.watch = (self.challenger, old, Running())
+
+    def add(self, s: Sample) -> Action | None:
+        if self.watch is not None and s.version == self.watch[0]:
+            version, old, new = self.watch
+            new.add(s.sla)
+            stats = compare(old, new, self.rule.tau["sla"], self.rule.alpha, self.rule.var_floor)
+            if stats.upper < 0:
+                self.watch = None
+                text = f"guardrail: SLA of {version} significantly below the previous champion"
+                return "rollback", Verdict("retire", text, self.rule.describe(), {"sla": stats})
+            if new.n >= self.guardrail_window:
+                self.watch = None
+        arm = {self.champion: "champion", self.challenger: "challenger"}.get(s.version)
+        if arm is None or self.challenger is None:
+            return None
+        self.test.add(arm, s.sla, s.reward)
+        if self.test.arms[arm]["sla"].n % 10:
+            return None  # the test is valid at any time; checking every 10th sample is cheaper
+        v = self.test.verdict()
+        return (v.decision, v) if v.decision != "continue" else None
+
+
+class Lease:
+    """A Redis lease (SET NX PX + token): only its holder acts; it must renew within ttl."""
+
+    _RENEW = (
+        "if redis.call('get', KEYS[1]) == ARGV[1] then "
+        "return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end"
+    )
+    _RELEASE = (
+        "if redis.call('get', KEYS[1]) == ARGV[1] then "
+        "return redis.call('del', KEYS[1]) else return 0 end"
+    )
+
+    def __init__(self, redis: aioredis.Redis, key: str, ttl_s: float) -> None:
+        self.redis = redis
+        self.key = key
+        self.ttl_ms = int(ttl_s * 1000)
+        self.token = secrets.token_hex(8)
+        self.held = False
+        self._until = 0.0  # monotonic time when our last grant runs out
+
+    @property
+    def valid(self) -> bool:
+        """Held, and the last grant has not run out (a stale belief expires by itself)."""
+        return self.held and time.monotonic() < self._until
+
+    async def acquire(self) -> bool:
+        """Take the lease, or renew it if held; False when another holder has it."""
+        asked = time.monotonic()
+        if self.held:
+            ok = await self.redis.eval(self._RENEW, 1, self.key, self.token, self.ttl_ms)
+            self.held = bool(ok)
+        else:
+            self.held = bool(await self.redis.set(self.key, self.token, nx=True, px=self.ttl_ms))
+        if self.held:
+            self._until = asked + self.ttl_ms / 1000
+        return self.held
+
+    async def release(self) -> None:
+        if self.held:
+            await self.redis.eval(self._RELEASE, 1, self.key, self.token)
+            self.held = False
+
+
+VerdictSink = Callable[[dict[str, Any]], None]

@@ -1,0 +1,365 @@
+"""Online learning from the serving logs: join decisions with outcomes, fine-tune the heads.
+
+`OutcomeJoiner` joins, by (task key, attempt), a decision (`dagsched.decisions`: node and
+reservation), its decision-log record (`dagsched.decisionlog`: the raw observation, unit
+action, behaviour log-prob and value), the workflow (`dagsched.tasks`: deadline and demands)
+and the attempt's events (`dagsched.events`: started, finished or failed; heartbeats give node
+cores). The reward is `sim.reward.decision_reward` on a `TaskOutcome` built the way the
+simulator builds it; what the events do not carry is taken from the logged observation
+(Jain index of node CPU use at decision time, the transfer estimate to the chosen node). An
+attempt with no outcome after `timeout_s` gets the default outcome: failed, cost at demand.
+
+`finetune_heads` is PPO on the actor heads only (`ActorCritic.actor_parameters`): every other
+parameter has `requires_grad=False` and is bitwise unchanged. Importance ratios are against the
+logged behaviour log-prob, PPO-clipped; gradient norm clipped; an epoch loop that stops early
+once the approximate KL to the champion passes `target_kl`.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from dagsched.learner.ppo_math import ppo_loss
+from dagsched.policy.batching import collate
+from dagsched.policy.features import NODE_FEATURES, Observation, observation_from_dict
+from dagsched.policy.model import ACTOR_HEADS, ActorCritic, evaluate
+from dagsched.policy.normalizer import FeatureNormalizer
+from dagsched.schemas.messages import (
+    DecisionLogMsg,
+    DecisionMsg,
+    NodeHeartbeatMsg,
+    TaskFailedMsg,
+    TaskFinishedMsg,
+    TaskStartedMsg,
+    WorkflowMsg,
+)
+from dagsched.sim.config import RewardWeights
+from dagsched.sim.reward import TaskOutcome, decision_reward
+from dagsched.sim.wire import to_workflow
+from dagsched.sim.workflow import Workflow, downward_finish_s
+
+Key = tuple[str, int]  # (workflow_id/task, attempt)
+_CPU_USED = NODE_FEATURES.index("cpu_used")
+_TRANSFER = NODE_FEATURES.index("log_transfer_s")
+
+
+@dataclass
+class Joined:
+    """One decided attempt with its outcome and reward (trainable when `observation` is set)."""
+
+    key: Key
+    workflow_id: str
+    arm: str
+    version: str
+    reward: float
+    failed: bool
+    on_time: bool
+    end_at: float  # job-queue clock
+    max_retries: int
+    defaulted: bool = False
+    observation: Observation | None = None
+    node_index: int = 0
+    unit: list[float] | None = None
+    log_prob: float = 0.0
+
+    @property
+    def trainable(self) -> bool:
+        return self.observation is not None and self.unit is not None
+
+
+@dataclass
+class _Pending:
+    decision: DecisionMsg | None = None
+    log: DecisionLogMsg | None = None
+    started_at: float | None = None
+    ended: TaskFinishedMsg | TaskFailedMsg | None = None
+    seen_wall: float = 0.0
+
+
+@dataclass
+class _WorkflowInfo:
+    wf: Workflow
+    finish: list[float]
+    cp: float
+
+
+def jain(x: np.ndarray) -> float:
+    """Jain's index of `x` (1 when all are zero), as the simulator's cluster computes it."""
+    sq = float((x * x).sum())
+    return 1.0 if sq <= 1e-12 else min(1.0, float(x.sum()) ** 2 / (len(x) * sq))
+
+
+@dataclass
+class OutcomeJoiner:
+    """Joins decisions, decision logs, workflows and task events into `Joined` outcomes."""
+
+    weights: RewardWeights
+    timeout_s: float = 600.0
+    max_dag_tasks: int = 5000
+    wait_for_log: bool = True  # the evaluator needs no observation: join without waiting
+    workflows: dict[str, _WorkflowInfo] = field(default_factory=dict)
+    cores: dict[str, float] = field(default_factory=dict)
+    pending: dict[Key, _Pending] = field(default_factory=dict)
+    last_node: dict[str, str] = field(default_factory=dict)
+    waiting: dict[str, set[Key]] = field(default_factory=dict)  # workflow id -> keys
+
+    def add(self, msg: Any, now: float) -> list[Joined]:
+        """Take one decoded message (seen at wall time `now`); return what it completes."""
+        if isinstance(msg, WorkflowMsg):
+            wf = to_workflow(msg, self.max_dag_tasks)
+            finish = downward_finish_s(wf)
+            self.workflows[wf.id] = _WorkflowInfo(wf, finish, max(finish) or 1.0)
+            # topics interleave: decisions and events may have come before their workflow
+            out: list[Joined] = []
+            for key in self.waiting.pop(wf.id, set()):
+                p = self.pending.get(key)
+                if p is not None:
+                    out += self._try(key, p, now)
+            return out
+        if isinstance(msg, NodeHeartbeatMsg):
+            self.cores[msg.node] = msg.cores
+            return []
+        if not isinstance(
+            msg, DecisionMsg | DecisionLogMsg | TaskStartedMsg | TaskFinishedMsg | TaskFailedMsg
+        ):
+            return []
+        key = (f"{msg.workflow_id}/{msg.task}", msg.attempt)
+        p = self.pending.get(key)
+        if p is None:
+            p = self.pending[key] = _Pending(seen_wall=now)
+        if isinstance(msg, DecisionMsg):
+            p.decision = p.decision or msg
+        elif isinstance(msg, DecisionLogMsg):
+            p.log = p.log or msg
+        elif isinstance(msg, TaskStartedMsg):
+            p.started_at = msg.at
+        else:
+            p.ended = p.ended or msg
+        return self._try(key, p, now)
+
+    def expire(self, now: float) -> list[Joined]:
+        """Default outcomes for decided attempts that have not reported for `timeout_s`."""
+        out: list[Joined] = []
+        for key, p in list(self.pending.items()):
+            if now - p.seen_wall < self.timeout_s:
+                continue
+            if p.decision is not None:
+                self.waiting.pop(p.decision.workflow_id, None)
+            if p.decision is not None and p.decision.workflow_id in self.workflows:
+                # an outcome whose decision log never came is still an outcome
+                out.append(self._join(key, p, default=p.ended is None))
+            del self.pending[key]
+        return out
+
+    def _try(self, key: Key, p: _Pending, now: float) -> list[Joined]:
+        d = p.decision
+        if d is None or p.ended is None:
+            return []
+        if d.workflow_id not in self.workflows:
+            self.waiting.setdefault(d.workflow_id, set()).add(key)
+            return []
+        waiting = self.wait_for_log and d.arm != "fallback" and p.log is None
+        if waiting and now - p.seen_wall < self.timeout_s / 10:
+            return []  # the observation is on its way on the decision log
+        del self.pending[key]
+        return [self._join(key, p, default=False)]
+
+    def _join(self, key: Key, p: _Pending, default: bool) -> Joined:
+        d = p.decision
+        assert d is not None
+        info = self.workflows[d.workflow_id]
+        spec = info.wf.tasks[d.task]
+        obs = None
+        if p.log is not None and p.log.observation is not None:
+            try:
+                obs = observation_from_dict(p.log.observation)
+            except ValueError:
+                obs = None
+        ideal = spec.cpu_cores * spec.duration_s
+        if p.ended is None or default:
+            failed, late, reserved, held, end_at = True, 0.0, ideal, 0.0, 0.0
+        else:
+            end_at = p.ended.at
+            start = p.started_at if p.started_at is not None else end_at
+            held = max(0.0, end_at - start)
+            failed = isinstance(p.ended, TaskFailedMsg)
+            sub = info.wf.arrival_s + info.wf.deadline_s * info.finish[d.task] / info.cp
+            late = 0.0 if failed else max(0.0, end_at - sub)
+            reserved = d.cpu * self.cores.get(d.node, spec.cpu_cores / d.cpu) * held
+        transfer = 0.0
+        jain_at = 1.0
+        if obs is not None and p.log is not None and p.log.node_index < obs.nodes.shape[0]:
+            transfer = float(np.expm1(obs.nodes[p.log.node_index, _TRANSFER]))
+            jain_at = jain(obs.nodes[:, _CPU_USED].astype(np.float64))
+        prev = self.last_node.get(key[0]) if key[1] > 0 else None
+        self.last_node[key[0]] = d.node
+        outcome = TaskOutcome(
+            lateness=late / info.wf.deadline_s,
+            failed=failed,
+            reserved_core_s=reserved,
+            ideal_core_s=ideal,
+            jain_at_decision=jain_at,
+            migrated=prev is not None and prev != d.node,
+            transfer_s=transfer,
+            compute_s=max(0.0, held - transfer),
+        )
+        log = p.log
+        return Joined(
+            key=key,
+            workflow_id=d.workflow_id,
+            arm=d.arm,
+            version=d.model_version,
+            reward=decision_reward(outcome, self.weights),
+            failed=failed,
+            on_time=not failed and late <= 0.0,
+            end_at=end_at,
+            max_retries=d.max_retries,
+            defaulted=default,
+            observation=obs,
+            node_index=log.node_index if log is not None else 0,
+            unit=log.unit if log is not None else None,
+            log_prob=log.log_prob if log is not None else 0.0,
+        )
+
+
+# -- fine-tuning --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FinetuneConfig:
+    """PPO hyper-parameters of one online round (actor heads only)."""
+
+    learning_rate: float = 1e-4
+    clip_coef: float = 0.2
+    ent_coef: float = 0.0
+    max_grad_norm: float = 0.5
+    target_kl: float = 0.02
+    update_epochs: int = 4
+    minibatch_size: int = 64
+
+
+@dataclass
+class FinetuneResult:
+    """The shadow model and what the round did (logged as `losses/...`)."""
+
+    model: ActorCritic
+    metrics: dict[str, float]
+
+
+def freeze_all_but_heads(model: ActorCritic) -> list[torch.nn.Parameter]:
+    """Set `requires_grad` on the actor heads only; return those parameters."""
+    for name, p in model.named_parameters():
+        p.requires_grad_(name.split(".")[0] in ACTOR_HEADS)
+    return model.actor_parameters()
+
+
+def finetune_heads(
+    champion: ActorCritic,
+    normalizer: FeatureNormalizer,
+    transitions: Sequence[Joined],
+    cfg: FinetuneConfig | None = None,
+    seed: int = 0,
+) -> FinetuneResult:
+    """A shadow copy of `champion` whose actor heads took PPO steps on `transitions`."""
+    cfg = cfg or FinetuneConfig()
+    data = [t for t in transitions if t.trainable]
+    if not data:
+        raise ValueError("no trainable transitions (none carries an observation)")
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    model = copy.deepcopy(champion).eval()
+    params = freeze_all_but_heads(model)
+    opt = torch.optim.Adam(params, lr=cfg.learning_rate, eps=1e-5)
+
+    obs = [normalizer.transform(t.observation) for t in data if t.observation is not None]
+    b_node = torch.tensor([t.node_index for t in data], dtype=torch.int64)
+    b_unit = torch.tensor([t.unit for t in data], dtype=torch.float32).clamp(1e-4, 1 - 1e-4)
+    rewards = torch.tensor([t.reward for t in data], dtype=torch.float32)
+    # one-step advantages against the window's mean reward: the critic was trained on
+    # discounted returns, a different scale from one attempt's reward
+    b_adv = rewards - rewards.mean()
+    with torch.no_grad():
+        champ_logp = torch.cat(
+            [
+                evaluate(
+                    champion(*collate(obs[i : i + 256]).args()),
+                    b_node[i : i + 256],
+                    b_unit[i : i + 256],
+                )[0]
+                for i in range(0, len(obs), 256)
+            ]
+        )
+    logged = torch.tensor([t.log_prob for t in data], dtype=torch.float32)
+    # the wire clips log-probs at 0 (a Beta density can exceed 1): use the champion's own
+    # log-prob where the logged one was clipped
+    b_logp = torch.where(logged < 0, logged, champ_logp)
+
+    n = len(data)
+    mb = min(cfg.minibatch_size, n)
+    history: list[dict[str, float]] = []
+    kl_to_champion = 0.0
+    stopped = False
+    steps = 0
+    for _epoch in range(cfg.update_epochs):
+        order = list(range(n))
+        rng.shuffle(order)
+        for start in range(0, n, mb):
+            idx = order[start : start + mb]
+            batch = collate([obs[i] for i in idx])
+            out = model(*batch.args())
+            newlogp, entropy = evaluate(out, b_node[idx], b_unit[idx])
+            parts = ppo_loss(
+                newlogp,
+                b_logp[idx],
+                b_adv[idx],
+                None,
+                None,
+                entropy,
+                cfg.clip_coef,
+                cfg.ent_coef,
+                0.0,
+            )
+            opt.zero_grad()
+            parts.loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+            opt.step()
+            steps += 1
+            with torch.no_grad():
+                lr = newlogp.detach() - champ_logp[idx]
+                kl_to_champion = float(((lr.exp() - 1) - lr).mean())
+            history.append(
+                {
+                    "losses/policy_loss": float(parts.pg_loss.detach()),
+                    "losses/entropy": float(parts.entropy.detach()),
+                    "losses/approx_kl": float(parts.approx_kl),
+                    "losses/clipfrac": float(parts.clipfrac),
+                    "losses/grad_norm": float(grad_norm),
+                    "losses/kl_to_champion": kl_to_champion,
+                }
+            )
+            if kl_to_champion > cfg.target_kl:
+                stopped = True
+                break
+        if stopped:
+            break
+    for p in model.parameters():
+        p.requires_grad_(True)
+    last = history[-1] if history else {}
+    metrics = {k: v for k, v in last.items() if math.isfinite(v)}
+    metrics.update(
+        {
+            "online/transitions": float(n),
+            "online/steps": float(steps),
+            "online/kl_stopped": float(stopped),
+            "online/mean_reward": float(rewards.mean()),
+        }
+    )
+    return FinetuneResult(model.eval(), metrics)

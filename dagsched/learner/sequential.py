@@ -1,0 +1,162 @@
+"""An always-valid sequential A/B test: a normal-mixture SPRT (mSPRT) per metric.
+
+For each metric (higher is better) and each arm we keep a running mean and variance. The
+difference `d = mean(challenger) - mean(champion)` has variance `V = s_c^2/n_c + s_b^2/n_b`.
+With a N(0, tau^2) mixing prior on the true difference, the mixture likelihood ratio against
+"no difference" is (Johari et al., *Always valid inference*, 2017)
+
+    Lambda = sqrt(V / (V + tau^2)) * exp(tau^2 d^2 / (2 V (V + tau^2)))
+
+and `Lambda < 1/a` inverts into a confidence sequence `d +- w` with
+
+    w = sqrt(2 V (V + tau^2) / tau^2 * (log(1/a) + log((V + tau^2) / V) / 2)),
+
+valid at every sample size simultaneously, so the evaluator may look after every outcome.
+Each of the two metrics gets `a = alpha / 2` (Bonferroni), so the chance that an A/A test
+ever declares any difference is at most `alpha`.
+
+The rule (`decide`), checked only once both arms have `min_samples`:
+
+- promote: some metric's interval lies above 0 and its estimate is at least its minimum
+  effect, and no metric's interval lies below 0;
+- retire: some metric's interval lies below 0 (worse), or every metric's interval lies
+  below its minimum effect (futile), or the challenger has `max_samples` (budget);
+- otherwise continue.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+Decision = Literal["promote", "retire", "continue"]
+METRICS: tuple[str, ...] = ("sla", "reward")
+
+
+@dataclass
+class Running:
+    """Welford's running mean and variance of one metric on one arm."""
+
+    n: int = 0
+    mean: float = 0.0
+    m2: float = 0.0
+
+    def add(self, x: float) -> None:
+        self.n += 1
+        delta = x - self.mean
+        self.mean += delta / self.n
+        self.m2 += delta * (x - self.mean)
+
+    @property
+    def var(self) -> float:
+        return self.m2 / (self.n - 1) if self.n > 1 else 0.0
+
+
+@dataclass(frozen=True)
+class DecisionRule:
+    """The decision rule's parameters (printed in every verdict)."""
+
+    alpha: float = 0.05
+    min_samples: int = 100
+    max_samples: int = 5000
+    tau: dict[str, float] = field(default_factory=lambda: {"sla": 0.05, "reward": 0.05})
+    min_effect: dict[str, float] = field(default_factory=lambda: {"sla": 0.02, "reward": 0.01})
+    var_floor: float = 1e-4  # keeps V > 0 while an arm's outcomes are all equal
+
+    def describe(self) -> str:
+        return (
+            f"mSPRT (normal mixture) per metric, alpha={self.alpha:g} split over "
+            f"{len(METRICS)} metrics, min_samples={self.min_samples}, "
+            f"max_samples={self.max_samples}, tau={self.tau}, min_effect={self.min_effect}"
+        )
+
+
+@dataclass
+class MetricStats:
+    """One metric's comparison at the time of a verdict."""
+
+    n_champion: int
+    n_challenger: int
+    mean_champion: float
+    mean_challenger: float
+    diff: float
+    lower: float
+    upper: float
+    log_lambda: float
+
+
+@dataclass
+class Verdict:
+    """What the test says now, why, and the statistics behind it."""
+
+    decision: Decision
+    reason: str
+    rule: str
+    stats: dict[str, MetricStats]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "decision": self.decision,
+            "reason": self.reason,
+            "rule": self.rule,
+            "stats": {k: asdict(v) for k, v in self.stats.items()},
+        }
+
+
+def compare(
+    champion: Running, challenger: Running, tau: float, alpha: float, var_floor: float
+) -> MetricStats:
+    """The confidence sequence and mixture statistic for one metric."""
+    d = challenger.mean - champion.mean
+    nb, nc = max(champion.n, 1), max(challenger.n, 1)
+    v = max(champion.var, var_floor) / nb + max(challenger.var, var_floor) / nc
+    t2 = tau * tau
+    log_lambda = 0.5 * math.log(v / (v + t2)) + t2 * d * d / (2 * v * (v + t2))
+    w = math.sqrt(2 * v * (v + t2) / t2 * (math.log(1 / alpha) + 0.5 * math.log((v + t2) / v)))
+    return MetricStats(
+        champion.n, challenger.n, champion.mean, challenger.mean, d, d - w, d + w, log_lambda
+    )
+
+
+def decide(
+    champion: dict[str, Running], challenger: dict[str, Running], rule: DecisionRule
+) -> Verdict:
+    """Promote, retire or continue, by the rule in the module docstring."""
+    a = rule.alpha / len(METRICS)
+    stats = {
+        m: compare(champion[m], challenger[m], rule.tau[m], a, rule.var_floor) for m in METRICS
+    }
+    n = min(min(champion[m].n, challenger[m].n) for m in METRICS)
+    text = rule.describe()
+    if n < rule.min_samples:
+        return Verdict("continue", f"fewer than {rule.min_samples} samples per arm", text, stats)
+    worse = [m for m, s in stats.items() if s.upper < 0]
+    if worse:
+        return Verdict("retire", f"challenger worse on {', '.join(worse)}", text, stats)
+    better = [m for m, s in stats.items() if s.lower > 0 and s.diff >= rule.min_effect[m]]
+    if better:
+        return Verdict("promote", f"challenger better on {', '.join(better)}", text, stats)
+    if all(s.upper < rule.min_effect[m] for m, s in stats.items()):
+        return Verdict("retire", "futile: cannot reach the minimum effect", text, stats)
+    if max(challenger[m].n for m in METRICS) >= rule.max_samples:
+        return Verdict("retire", f"budget of {rule.max_samples} samples spent", text, stats)
+    return Verdict("continue", "no decision yet", text, stats)
+
+
+class ABTest:
+    """Outcomes per arm, fed one unit (a workflow) at a time."""
+
+    def __init__(self, rule: DecisionRule) -> None:
+        self.rule = rule
+        self.arms: dict[str, dict[str, Running]] = {
+            arm: {m: Running() for m in METRICS} for arm in ("champion", "challenger")
+        }
+
+    def add(self, arm: str, sla: float, reward: float) -> None:
+        metrics = self.arms[arm]
+        metrics["sla"].add(sla)
+        metrics["reward"].add(reward)
+
+    def verdict(self) -> Verdict:
+        return decide(self.arms["champion"], self.arms["challenger"], self.rule)

@@ -1,0 +1,253 @@
+"""`dagsched learner` and `dagsched evaluator`: the Kafka shells around `online` and
+`evaluation`.
+
+Both consume `tasks` (workflows), `decisions`, `events` (and the learner `decisionlog`) in
+their own consumer group with auto-commit off. The learner commits after each round is
+registered, so a restart resumes from the last round's offsets and numbers its next round
+after the latest challenger. The evaluator acts only while it holds the Redis lease; a second
+one waits for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import tempfile
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import structlog
+from aiokafka import AIOKafkaConsumer
+
+from dagsched.learner.evaluation import Judge, Lease, WorkflowOutcomes, rule_from
+from dagsched.learner.online import FinetuneConfig, Joined, OutcomeJoiner, finetune_heads
+from dagsched.schemas.messages import BadMessage, decode
+from dagsched.settings import Settings
+
+log = structlog.get_logger(__name__)
+
+LEASE_KEY = "dagsched:evaluator:lease"
+
+
+def _consumer(settings: Settings, group: str, *names: str) -> AIOKafkaConsumer:
+    return AIOKafkaConsumer(
+        *(settings.topic(n) for n in names),
+        bootstrap_servers=settings.kafka_bootstrap,
+        group_id=settings.topic_prefix + group,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        fetch_max_wait_ms=50,
+    )
+
+
+def _decoded(records: dict[Any, list[Any]]) -> list[Any]:
+    out = []
+    for recs in records.values():
+        for r in recs:
+            with contextlib.suppress(BadMessage):
+                out.append(decode(r.value))
+    return out
+
+
+class LearnerService:
+    """Joins outcomes into a replay window and registers a fine-tuned challenger per round."""
+
+    def __init__(self, settings: Settings) -> None:
+        from dagsched.registry.store import Registry
+
+        self.settings = settings
+        self.cfg = settings.learner
+        self.registry = Registry(settings)
+        self.joiner = OutcomeJoiner(
+            settings.sim.reward, self.cfg.outcome_timeout_s, settings.daemon.max_dag_tasks
+        )
+        self.window: deque[Joined] = deque(maxlen=self.cfg.window)
+        self.completed = 0
+        self.rounds: list[str] = []
+
+    async def run(self, stop: asyncio.Event) -> None:
+        consumer = _consumer(
+            self.settings, self.cfg.group_id, "tasks", "decisions", "decisionlog", "events"
+        )
+        await consumer.start()
+        try:
+            while not stop.is_set():
+                got = await consumer.getmany(timeout_ms=500, max_records=2000)
+                now = time.time()
+                joined = [j for m in _decoded(got) for j in self.joiner.add(m, now)]
+                joined += self.joiner.expire(now)
+                self.completed += len(joined)
+                self.window.extend(j for j in joined if j.trainable)
+                if self.completed >= self.cfg.every_n_tasks and self.window:
+                    version = await asyncio.to_thread(self.round)
+                    self.rounds.append(version)
+                    self.completed = 0
+                    await consumer.commit()
+        finally:
+            with contextlib.suppress(Exception):
+                await consumer.stop()
+
+    def round(self) -> str:
+        """Fine-tune the champion's heads on the window; register it as the challenger."""
+        from dagsched.policy.bundle import save_bundle
+        from dagsched.registry.store import CHALLENGER, CHAMPION
+
+        reg = self.registry
+        reg.ensure_champion()
+        parent = reg.alias_version(CHAMPION)
+        assert parent is not None
+        champ = reg.load(parent)
+        c = self.cfg
+        cfg = FinetuneConfig(
+            c.learning_rate,
+            c.clip_coef,
+            c.ent_coef,
+            c.max_grad_norm,
+            c.target_kl,
+            c.update_epochs,
+            c.minibatch_size,
+        )
+        window = list(self.window)
+        result = finetune_heads(champ.model, champ.normalizer, window, cfg)
+        keys = sorted({j.version for j in window})
+        data = (
+            f"online window: {len(window)} transitions from versions {','.join(keys)}; "
+            f"first {window[0].key[0]}#{window[0].key[1]}, last {window[-1].key[0]}"
+        )
+        with (
+            tempfile.TemporaryDirectory() as tmp,
+            reg.run("online-finetune", {"parent": parent, "transitions": len(window)}) as run,
+        ):
+            run.log_metrics(result.metrics, 0)
+            save_bundle(Path(tmp), result.model, champ.normalizer)
+            version = reg.register_bundle(
+                Path(tmp),
+                run.run_id,
+                metrics=result.metrics,
+                parent=parent,
+                data=data,
+                tags={"origin": "online-learner"},
+                first_is_champion=False,
+            )
+        reg.set_alias(CHALLENGER, version)
+        log.info("learner.round", version=version, parent=parent, **result.metrics)
+        return version
+
+
+class EvaluatorService:
+    """Per-arm outcomes -> sequential test -> promote, retire or roll back (lease holder only)."""
+
+    def __init__(self, settings: Settings, on_verdict: Callable[[dict[str, Any]], None]) -> None:
+        from dagsched.registry.promotion import Promoter
+        from dagsched.registry.store import Registry
+
+        self.settings = settings
+        self.cfg = settings.evaluator
+        self.registry = Registry(settings)
+        self.promoter = Promoter(self.registry)
+        self.joiner = OutcomeJoiner(
+            settings.sim.reward, self.cfg.outcome_timeout_s, settings.daemon.max_dag_tasks
+        )
+        self.joiner.wait_for_log = False
+        self.outcomes = WorkflowOutcomes(self.joiner)
+        self.judge = Judge(rule_from(self.cfg), self.cfg.guardrail_window)
+        self.on_verdict = on_verdict
+        self.actor = f"evaluator:{socket.gethostname()}"
+        self.acted = 0
+        self.lease: Lease | None = None
+
+    async def run(self, stop: asyncio.Event) -> None:
+        import redis.asyncio as aioredis
+
+        redis = aioredis.from_url(self.settings.redis_url)
+        lease = Lease(redis, self.settings.topic_prefix + LEASE_KEY, self.cfg.lease_ttl_s)
+        self.lease = lease
+        tick = self.cfg.lease_ttl_s / 3
+        try:
+            while not stop.is_set():
+                if await lease.acquire():
+                    await self._serve(stop, lease, tick)
+                else:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), tick)
+        finally:
+            with contextlib.suppress(Exception):
+                await lease.release()
+            await redis.aclose()
+
+    async def _serve(self, stop: asyncio.Event, lease: Lease, tick: float) -> None:
+        log.info("evaluator.lease_taken", actor=self.actor)
+        lost = asyncio.Event()
+
+        async def renew() -> None:
+            while not stop.is_set() and not lost.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), tick)
+                try:
+                    ok = await lease.acquire()
+                except Exception:  # Redis away: the grant runs out by itself
+                    ok = lease.valid
+                if not ok:
+                    log.warning("evaluator.lease_lost", actor=self.actor)
+                    lost.set()
+
+        renewer = asyncio.create_task(renew())
+        consumer = _consumer(self.settings, self.cfg.group_id, "tasks", "decisions", "events")
+        refresh_at = 0.0
+        try:
+            await consumer.start()
+            while not stop.is_set() and not lost.is_set():
+                if time.monotonic() > refresh_at:
+                    await self._refresh()
+                    refresh_at = time.monotonic() + tick
+                got = await consumer.getmany(timeout_ms=200, max_records=2000)
+                now = time.time()
+                joined = [j for m in _decoded(got) for j in self.joiner.add(m, now)]
+                joined += self.joiner.expire(now)
+                for j in joined:
+                    sample = self.outcomes.add(j)
+                    action = self.judge.add(sample) if sample is not None else None
+                    # act only under a lease just renewed, never on a stale belief
+                    if action is not None and await lease.acquire() and lease.valid:
+                        await asyncio.to_thread(self._act, *action)
+                        await self._refresh()
+                if got:
+                    await consumer.commit()
+        finally:
+            renewer.cancel()
+            with contextlib.suppress(BaseException):
+                await renewer
+            with contextlib.suppress(Exception):
+                await consumer.stop()
+
+    async def _refresh(self) -> None:
+        from dagsched.registry.store import CHALLENGER, CHAMPION
+
+        reg = self.registry
+        champ, chall = await asyncio.to_thread(
+            lambda: (reg.alias_version(CHAMPION), reg.alias_version(CHALLENGER))
+        )
+        self.judge.versions(f"v{champ}" if champ else None, f"v{chall}" if chall else None)
+
+    def _act(self, action: str, verdict: Any) -> None:
+        stats = verdict.to_dict()
+        version = (self.judge.challenger or "").removeprefix("v")
+        record: dict[str, Any] = {"action": action, "version": version, **stats}
+        try:
+            if action == "promote":
+                self.promoter.promote(version, verdict.reason, self.actor, stats)
+                self.judge.promoted()
+            elif action == "retire":
+                self.promoter.retire(version, verdict.reason, self.actor, stats)
+            elif action == "rollback":
+                self.promoter.rollback(verdict.reason, self.actor, stats)
+        except Exception as exc:  # refused or registry away: report, keep evaluating
+            record["error"] = str(exc)
+        self.acted += 1
+        self.on_verdict(record)
+        log.info("evaluator.verdict", **{k: json.dumps(v, default=str) for k, v in record.items()})

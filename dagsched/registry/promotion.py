@@ -1,0 +1,161 @@
+"""Promotion and rollback: one move of the `champion` alias, an audit record, then a notice.
+
+Order matters. The candidate is loaded and verified first (checksums + smoke inference); a
+version that fails is refused before any alias moves, so the champion keeps serving. Then
+`previous` is pointed at the old champion, and `champion` at the new one: that single alias
+move is the switch every daemon sees. The audit record (who or what, when, why, the
+statistics) is an MLflow run in the `<experiment>-audit` experiment, tagged on the version too.
+Last, a JSON notice on the Redis channel `model_channel(settings)` makes daemons reload now
+(they also poll, so a lost notice only delays the switch by `daemon.reload_poll_s`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from dagsched.registry.errors import RegistryError
+from dagsched.registry.serving import model_channel
+from dagsched.registry.store import CHALLENGER, CHAMPION, PREVIOUS, Registry
+
+log = structlog.get_logger(__name__)
+
+Notify = Callable[[str], None]
+AUDIT_SUFFIX = "-audit"
+
+
+def redis_notifier(redis_url: str, channel: str) -> Notify:
+    """Publish a notice on `channel` (best effort: daemons poll as well)."""
+
+    def publish(message: str) -> None:
+        import redis
+
+        client = redis.Redis.from_url(redis_url, socket_connect_timeout=2, socket_timeout=2)
+        try:
+            client.publish(channel, message)
+        except redis.RedisError as exc:
+            log.warning("model.notice_failed", error=str(exc))
+        finally:
+            client.close()
+
+    return publish
+
+
+class Promoter:
+    """Moves aliases with checks, records an audit trail, and announces the change."""
+
+    def __init__(self, registry: Registry, notify: Notify | None = None) -> None:
+        self.registry = registry
+        s = registry.settings
+        self.notify = notify or redis_notifier(s.redis_url, model_channel(s))
+
+    def promote(
+        self, version: str, reason: str, actor: str, stats: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Make `version` the champion; RegistryError (nothing moves) if it fails its checks."""
+        reg = self.registry
+        old = reg.alias_version(CHAMPION)
+        if old == version:
+            raise RegistryError(f"version {version} is already the champion")
+        reg.load(version)  # raises RegistryError: refused, nothing moves
+        if old is not None:
+            reg.set_alias(PREVIOUS, old)
+        reg.set_alias(CHAMPION, version)  # the switch
+        if reg.alias_version(CHALLENGER) == version:
+            reg.client.delete_registered_model_alias(reg.name, CHALLENGER)
+        return self._record("promote", version, old, reason, actor, stats)
+
+    def rollback(
+        self, reason: str, actor: str, stats: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Give the champion alias back to `previous`; RegistryError when there is none or
+        it fails its checks."""
+        reg = self.registry
+        prev = reg.alias_version(PREVIOUS)
+        if prev is None:
+            raise RegistryError("no previous champion to roll back to")
+        old = reg.alias_version(CHAMPION)
+        reg.load(prev)
+        reg.set_alias(CHAMPION, prev)  # the switch
+        reg.client.delete_registered_model_alias(reg.name, PREVIOUS)
+        if old is not None:
+            reg.client.set_model_version_tag(reg.name, old, "rolled_back", "true")
+        return self._record("rollback", prev, old, reason, actor, stats)
+
+    def retire(self, version: str, reason: str, actor: str, stats: dict[str, Any]) -> None:
+        """Take the challenger alias off `version` and record why."""
+        reg = self.registry
+        if reg.alias_version(CHALLENGER) == version:
+            reg.client.delete_registered_model_alias(reg.name, CHALLENGER)
+        self._record("retire", version, reg.alias_version(CHAMPION), reason, actor, stats)
+
+    def _record(
+        self,
+        action: str,
+        version: str,
+        old: str | None,
+        reason: str,
+        actor: str,
+        stats: dict[str, Any] | None,
+    ) -> dict[str, Any]:
+        reg = self.registry
+        record = {
+            "action": action,
+            "version": version,
+            "from_version": old or "",
+            "reason": reason,
+            "actor": actor,
+            "at": time.time(),
+            "stats": stats or {},
+        }
+        try:
+            run = reg.client.create_run(audit_experiment(reg), run_name=f"{action} v{version}")
+            rid = run.info.run_id
+            for k in ("action", "version", "from_version", "reason", "actor"):
+                reg.client.set_tag(rid, f"audit.{k}", str(record[k])[:4000])
+            reg.client.set_tag(rid, "audit.at", f"{record['at']:.3f}")
+            reg.client.log_dict(rid, record, "audit.json")
+            reg.client.set_terminated(rid, "FINISHED")
+            reg.client.set_model_version_tag(
+                reg.name, version, f"audit.{action}", json.dumps(record, default=str)[:4000]
+            )
+        except Exception as exc:  # the alias moved: say so loudly, do not undo it
+            log.error("audit.write_failed", action=action, version=version, error=str(exc))
+        log.info("model." + action, version=version, previous=old, actor=actor, reason=reason)
+        if action != "retire":
+            self.notify(json.dumps({"action": action, "version": version, "from": old}))
+        return record
+
+
+def audit_experiment(reg: Registry) -> str:
+    """The id of the experiment that holds audit records (created on first use)."""
+    name = reg.settings.registry.experiment + AUDIT_SUFFIX
+    exp = reg.client.get_experiment_by_name(name)
+    if exp is not None:
+        return str(exp.experiment_id)
+    location = None if reg.settings.mlflow_tracking_uri else (reg.home / "mlartifacts").as_uri()
+    return str(reg.client.create_experiment(name, artifact_location=location))
+
+
+def audit_trail(reg: Registry, version: str | None = None) -> list[dict[str, Any]]:
+    """Audit records, oldest first (only those naming `version` when given)."""
+    exp = reg.client.get_experiment_by_name(reg.settings.registry.experiment + AUDIT_SUFFIX)
+    if exp is None:
+        return []
+    runs = reg.client.search_runs([exp.experiment_id], max_results=10_000)
+    out = []
+    for r in runs:
+        t = r.data.tags
+        rec: dict[str, Any] = {
+            k: t.get(f"audit.{k}", "")
+            for k in ("action", "version", "from_version", "reason", "actor")
+        }
+        rec["at"] = float(t.get("audit.at", "0") or 0)
+        rec["run_id"] = r.info.run_id
+        if version is None or version in (rec["version"], rec["from_version"]):
+            out.append(rec)
+    return sorted(out, key=lambda r: r["at"])

@@ -1,0 +1,153 @@
+"""The learner and promotions against the real broker, Redis and an MLflow SQLite store."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import numpy as np
+
+from dagsched.daemon.broker import ensure_topics
+from dagsched.learner.curriculum import Curriculum
+from dagsched.learner.services import LearnerService
+from dagsched.learner.train import demonstrations
+from dagsched.policy.features import observation_to_dict
+from dagsched.registry.promotion import Promoter
+from dagsched.registry.store import CHALLENGER, CHAMPION, PREVIOUS, Registry
+from dagsched.schemas.messages import (
+    DecisionLogMsg,
+    DecisionMsg,
+    TaskFinishedMsg,
+    TaskSpecMsg,
+    TaskStartedMsg,
+    WorkflowMsg,
+)
+from dagsched.settings import Settings
+from dagsched.sim.config import ScenarioConfig
+from tests.daemon.conftest import Client, Running, make_settings, wait_for
+
+
+async def test_learner_registers_a_challenger_from_the_logs(broker, redis_url, tmp_path: Path):
+    s: Settings = make_settings(
+        broker.bootstrap, redis_url, tmp_path, **{"learner.every_n_tasks": 40}
+    )
+    await ensure_topics(s)
+    reg = Registry(s)
+    champion = await asyncio.to_thread(reg.ensure_champion)
+    obs, nodes, units = demonstrations(
+        Curriculum(ScenarioConfig(), workflows_per_episode=2), 1, "heft", seed=2
+    )
+    client = await Client(s).start()
+    rng = np.random.default_rng(0)
+    try:
+        spec = TaskSpecMsg(name="t", type="cpu", duration_s=10, cpu_cores=2, mem_gb=4)
+        for w in range(10):
+            wf = f"wf-{w}"
+            msg = WorkflowMsg(workflow_id=wf, tasks=[spec] * 5, edges=[], deadline_s=30)
+            await client.send("tasks", msg.encode(), wf)
+            for t in range(5):
+                i = (w * 5 + t) % len(obs)
+                common = {"workflow_id": wf, "task": t, "attempt": 0}
+                dec = DecisionMsg(
+                    **common,
+                    node="node-0000",
+                    cpu=0.2,
+                    mem=0.3,
+                    max_retries=3,
+                    model_version=f"v{champion}",
+                    arm="champion",
+                    log_prob=-1.0,
+                    decided_at=time.time(),
+                    latency_ms=1.0,
+                )
+                log = DecisionLogMsg(
+                    **common,
+                    model_version=f"v{champion}",
+                    arm="champion",
+                    node_index=nodes[i],
+                    unit=list(units[i]),
+                    log_prob=-1.0,
+                    value=0.0,
+                    decided_at=time.time(),
+                    observation=observation_to_dict(obs[i]),
+                )
+                end = float(rng.uniform(5, 60))
+                await client.send("decisions", dec.encode(), wf)
+                await client.send("decisionlog", log.encode(), wf)
+                started = TaskStartedMsg(**common, node="node-0000", at=0.0)
+                await client.send("events", started.encode(), "node-0000")
+                done = TaskFinishedMsg(**common, node="node-0000", at=end)
+                await client.send("events", done.encode(), "node-0000")
+    finally:
+        await client.close()
+
+    learner = LearnerService(s)
+    stop = asyncio.Event()
+    task = asyncio.create_task(learner.run(stop))
+    try:
+        await wait_for(lambda: learner.rounds or task.done(), 90, "a fine-tuning round")
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+    (version,) = learner.rounds
+    assert reg.alias_version(CHALLENGER) == version and reg.alias_version(CHAMPION) == champion
+    tags = reg.client.get_model_version(reg.name, version).tags
+    assert tags["parent"] == champion and tags["origin"] == "online-learner"
+    assert tags["data"].startswith("online window: 50 transitions")
+    assert "metric.losses/grad_norm" in tags
+    reg.load(version)  # a servable, verified bundle
+
+
+async def test_daemons_follow_a_promotion_and_a_rollback(
+    settings: Settings, client: Client, start_daemon, normalizer
+):
+    from dagsched.policy.bundle import save_bundle
+    from dagsched.policy.model import ActorCritic
+
+    reg = Registry(settings)
+    v1 = await asyncio.to_thread(reg.ensure_champion)
+    folder = settings.home / "b2"
+    save_bundle(folder, ActorCritic().eval(), normalizer)
+    with reg.run("t", {}) as run:
+        v2 = reg.register_bundle(folder, run.run_id, metrics={}, parent=v1, data="t")
+    await client.heartbeats(4)
+    daemons = [await start_daemon(registry=True) for _ in range(2)]
+    await wait_for(
+        lambda: (
+            all(d.daemon.models.version("champion") == f"v{v1}" for d in daemons)
+            or any(d.daemon.models._pending for d in daemons)
+        ),
+        30,
+        "v1 to serve",
+    )
+
+    async def switch(action: str, want: str) -> float:
+        """Seconds from the alias move until every daemon has `want` loaded (it serves from
+        the next batch on)."""
+        p = Promoter(reg)
+        if action == "promote":
+            await asyncio.to_thread(p.promote, v2, "test", "tester")
+        else:
+            await asyncio.to_thread(p.rollback, "test", "tester")
+        moved = time.monotonic()
+
+        def loaded(d: Running) -> bool:
+            pending = d.daemon.models._pending.get("champion")
+            return d.daemon.models.version("champion") == want or (
+                pending is not None and pending[0] == want
+            )
+
+        await wait_for(lambda: all(loaded(d) for d in daemons), 30, f"daemons to load {want}")
+        return time.monotonic() - moved
+
+    assert await switch("promote", f"v{v2}") < 10
+    assert reg.aliases() == {CHAMPION: v2, PREVIOUS: v1}
+    await client.workflow("wf-a", n_tasks=2)
+    await client.ready("wf-a", 0)
+    (d1,) = await client.wait("decisions", 1)
+    assert d1.model_version == f"v{v2}" and d1.arm == "champion"
+    assert await switch("rollback", f"v{v1}") < 10
+    await client.ready("wf-a", 1)
+    d2 = (await client.wait("decisions", 2))[1]
+    assert d2.model_version == f"v{v1}"

@@ -1,0 +1,75 @@
+"""The evaluator's core: workflows become samples; the judge promotes, retires, rolls back."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dagsched.learner.evaluation import Judge, Sample, WorkflowOutcomes
+from dagsched.learner.online import Joined, OutcomeJoiner
+from dagsched.learner.sequential import DecisionRule
+from dagsched.schemas.messages import TaskSpecMsg, WorkflowMsg
+from dagsched.sim.config import RewardWeights
+
+RULE = DecisionRule(min_samples=50, max_samples=2000)
+
+
+def _joined(wf: str, task: int, end_at: float, failed: bool = False, attempt: int = 0) -> Joined:
+    return Joined(
+        key=(f"{wf}/{task}", attempt),
+        workflow_id=wf,
+        arm="challenger",
+        version="v2",
+        reward=-0.5,
+        failed=failed,
+        on_time=not failed,
+        end_at=end_at,
+        max_retries=2,
+    )
+
+
+def test_a_workflow_is_one_sample_when_all_tasks_finish_or_one_fails_for_good() -> None:
+    joiner = OutcomeJoiner(RewardWeights())
+    spec = TaskSpecMsg(name="a", type="cpu", duration_s=10, cpu_cores=1, mem_gb=1)
+    for wf in ("wf-1", "wf-2"):
+        msg = WorkflowMsg(workflow_id=wf, tasks=[spec, spec], edges=[(0, 1)], deadline_s=50)
+        joiner.add(msg, now=0)
+    outcomes = WorkflowOutcomes(joiner)
+    assert outcomes.add(_joined("wf-1", 0, 10)) is None
+    s = outcomes.add(_joined("wf-1", 1, 60))
+    assert s is not None and (s.sla, s.arm, s.version) == (0.0, "challenger", "v2")  # late
+    assert outcomes.add(_joined("wf-2", 0, 5, failed=True)) is None  # a retry is allowed
+    s = outcomes.add(_joined("wf-2", 0, 9, failed=True, attempt=1))
+    assert s is not None and s.sla == 0.0 and s.reward == -0.5
+
+
+def _feed(judge: Judge, rng: np.random.Generator, version: str, p: float) -> str | None:
+    s = Sample("wf", "x", version, float(rng.random() < p), float(rng.normal(-0.5, 0.1)))
+    action = judge.add(s)
+    return action[0] if action else None
+
+
+def test_judge_promotes_a_better_challenger_then_rolls_back_a_bad_champion() -> None:
+    rng = np.random.default_rng(0)
+    judge = Judge(RULE, guardrail_window=500)
+    judge.versions("v1", "v2")
+    action = None
+    for i in range(4000):
+        action = _feed(judge, rng, "v2" if i % 2 else "v1", 0.95 if i % 2 else 0.7)
+        if action:
+            break
+    assert action == "promote"
+    judge.promoted()
+    judge.versions("v2", None)
+    for _ in range(500):  # the new champion turns out much worse than the old one
+        action = _feed(judge, rng, "v2", 0.3)
+        if action:
+            break
+    assert action == "rollback"
+
+
+def test_judge_ignores_versions_not_under_test() -> None:
+    rng = np.random.default_rng(1)
+    judge = Judge(RULE, guardrail_window=10)
+    judge.versions("v1", "v2")
+    assert all(_feed(judge, rng, "v9", 1.0) is None for _ in range(500))
+    assert judge.test.arms["challenger"]["sla"].n == 0

@@ -1,0 +1,194 @@
+"""Online learning: the join computes the simulator's reward; fine-tuning moves only the heads."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from dagsched.learner.curriculum import Curriculum
+from dagsched.learner.online import FinetuneConfig, Joined, OutcomeJoiner, finetune_heads
+from dagsched.learner.train import demonstrations
+from dagsched.policy.features import observation_to_dict
+from dagsched.policy.model import ACTOR_HEADS, ActorCritic
+from dagsched.policy.normalizer import FeatureNormalizer
+from dagsched.schemas.messages import (
+    DecisionLogMsg,
+    DecisionMsg,
+    NodeHeartbeatMsg,
+    TaskFailedMsg,
+    TaskFinishedMsg,
+    TaskSpecMsg,
+    TaskStartedMsg,
+    WorkflowMsg,
+)
+from dagsched.sim.config import RewardWeights, ScenarioConfig
+from dagsched.sim.reward import TaskOutcome, decision_reward
+
+
+@pytest.fixture(scope="module")
+def transitions() -> list[Joined]:
+    obs, nodes, units = demonstrations(
+        Curriculum(ScenarioConfig(), workflows_per_episode=3), 1, "heft", seed=1
+    )
+    rng = np.random.default_rng(0)
+    return [
+        Joined(
+            key=(f"wf/{i}", 0),
+            workflow_id="wf",
+            arm="champion",
+            version="v1",
+            reward=float(rng.normal(-0.5, 0.3)),
+            failed=False,
+            on_time=True,
+            end_at=0.0,
+            max_retries=3,
+            observation=o,
+            node_index=n,
+            unit=list(u),
+            log_prob=0.0,
+        )
+        for i, (o, n, u) in enumerate(zip(obs[:160], nodes, units, strict=False))
+    ]
+
+
+def test_only_head_parameters_change(
+    model: ActorCritic, normalizer: FeatureNormalizer, transitions: list[Joined]
+) -> None:
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    cfg = FinetuneConfig(learning_rate=1e-3, target_kl=10.0, update_epochs=2)
+    result = finetune_heads(model, normalizer, transitions, cfg)
+    after = result.model.state_dict()
+    changed_heads = 0
+    for name, tensor in after.items():
+        if name.split(".")[0] in ACTOR_HEADS:
+            changed_heads += int(not torch.equal(tensor, before[name]))
+        else:
+            assert torch.equal(tensor, before[name]), f"{name} changed"
+    assert changed_heads > 0
+    # the champion itself is untouched
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, before[name])
+    assert result.metrics["online/transitions"] == len(transitions)
+    assert result.metrics["losses/grad_norm"] >= 0
+
+
+def test_kl_limit_stops_early(
+    model: ActorCritic, normalizer: FeatureNormalizer, transitions: list[Joined]
+) -> None:
+    cfg = FinetuneConfig(learning_rate=5e-2, target_kl=1e-4, update_epochs=5, minibatch_size=32)
+    result = finetune_heads(model, normalizer, transitions, cfg)
+    assert result.metrics["online/kl_stopped"] == 1.0
+    assert result.metrics["online/steps"] < 5 * len(transitions) / 32
+
+
+def _messages(observation: dict[str, object]) -> list[object]:
+    wf = WorkflowMsg(
+        workflow_id="wf-1",
+        tasks=[
+            TaskSpecMsg(name="a", type="cpu", duration_s=10, cpu_cores=2, mem_gb=4),
+            TaskSpecMsg(name="b", type="cpu", duration_s=10, cpu_cores=2, mem_gb=4),
+        ],
+        edges=[(0, 1)],
+        deadline_s=40.0,
+    )
+    hb = NodeHeartbeatMsg(node="n0", at=0, kind="cpu", zone=0, cores=16, mem_gb=64)
+    dec = DecisionMsg(
+        workflow_id="wf-1",
+        task=0,
+        attempt=0,
+        node="n0",
+        cpu=0.25,
+        mem=0.2,
+        max_retries=3,
+        model_version="v1",
+        arm="champion",
+        log_prob=-1.0,
+        decided_at=1.0,
+        latency_ms=1.0,
+    )
+    log = DecisionLogMsg(
+        workflow_id="wf-1",
+        task=0,
+        attempt=0,
+        model_version="v1",
+        arm="champion",
+        node_index=0,
+        unit=[0.2, 0.1, 0.5],
+        log_prob=-1.0,
+        value=0.0,
+        decided_at=1.0,
+        observation=observation,
+    )
+    return [
+        wf,
+        hb,
+        dec,
+        TaskStartedMsg(workflow_id="wf-1", task=0, attempt=0, node="n0", at=0.0),
+        TaskFinishedMsg(workflow_id="wf-1", task=0, attempt=0, node="n0", at=30.0),
+        log,
+    ]
+
+
+def test_join_uses_the_simulator_reward(transitions: list[Joined]) -> None:
+    obs = transitions[0].observation
+    assert obs is not None
+    raw = observation_to_dict(obs)
+    joiner = OutcomeJoiner(RewardWeights())
+    done: list[Joined] = []
+    for msg in _messages(raw):
+        done += joiner.add(msg, now=0.0)
+    assert len(done) == 1 and done[0].trainable
+    j = done[0]
+    # sub-deadline of task 0 = 40 * 10 / 20 = 20 s; finished at 30: 10 s late of 40
+    cpu_used = np.asarray(raw["nodes"], dtype=np.float64)[:, 0]
+    expected = TaskOutcome(
+        lateness=10 / 40,
+        failed=False,
+        reserved_core_s=0.25 * 16 * 30,
+        ideal_core_s=20.0,
+        jain_at_decision=float(cpu_used.sum() ** 2 / (len(cpu_used) * (cpu_used**2).sum()))
+        if (cpu_used**2).sum() > 1e-12
+        else 1.0,
+        migrated=False,
+        transfer_s=float(np.expm1(np.asarray(raw["nodes"])[0, 11])),
+        compute_s=30 - float(np.expm1(np.asarray(raw["nodes"])[0, 11])),
+    )
+    assert j.reward == pytest.approx(decision_reward(expected, RewardWeights()), rel=1e-5)
+    assert not j.on_time and j.arm == "champion" and j.version == "v1"
+
+
+def test_unreported_attempt_gets_the_default_outcome() -> None:
+    joiner = OutcomeJoiner(RewardWeights(), timeout_s=60)
+    msgs = _messages({})[:3]  # workflow, heartbeat, decision: never started or finished
+    for m in msgs:
+        assert joiner.add(m, now=0.0) == []
+    assert joiner.expire(now=30.0) == []
+    (j,) = joiner.expire(now=61.0)
+    assert j.failed and j.defaulted and not j.trainable
+    assert joiner.pending == {}
+
+
+def test_failure_event_is_a_failed_outcome() -> None:
+    joiner = OutcomeJoiner(RewardWeights(), timeout_s=60)
+    msgs = [
+        *_messages({})[:3],
+        TaskFailedMsg(workflow_id="wf-1", task=0, attempt=0, node="n0", at=5.0, reason="oom"),
+    ]
+    done = [j for m in msgs for j in joiner.add(m, now=0.0)]
+    assert done == []  # waits a while for its decision log
+    (j,) = joiner.expire(now=61.0)
+    assert j.failed and not j.defaulted and not j.trainable
+
+
+def test_outcomes_that_arrive_before_their_workflow_are_joined_when_it_comes(
+    transitions: list[Joined],
+) -> None:
+    obs = transitions[0].observation
+    assert obs is not None
+    msgs = _messages(observation_to_dict(obs))
+    joiner = OutcomeJoiner(RewardWeights())
+    early = [j for m in msgs[1:] for j in joiner.add(m, now=0.0)]
+    assert early == []
+    (j,) = joiner.add(msgs[0], now=0.0)  # the workflow, last
+    assert j.trainable and joiner.pending == {} and joiner.waiting == {}

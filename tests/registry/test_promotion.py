@@ -1,0 +1,102 @@
+"""Promotion and rollback on a real MLflow SQLite store, with the notice on a private Redis."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+import torch
+
+from dagsched.policy.bundle import save_bundle
+from dagsched.policy.model import ActorCritic
+from dagsched.policy.normalizer import FeatureNormalizer
+from dagsched.registry.errors import RegistryError
+from dagsched.registry.promotion import Promoter, audit_trail
+from dagsched.registry.serving import model_channel
+from dagsched.registry.store import CHALLENGER, CHAMPION, PREVIOUS, Registry
+from dagsched.settings import load_settings
+from tests.daemon.conftest import RedisServer
+
+
+@pytest.fixture(scope="module")
+def redis_url() -> Iterator[str]:
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed")
+    server = RedisServer().start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def registry(tmp_path: Path, redis_url: str) -> Registry:
+    s = load_settings(overrides={"home": tmp_path / "home", "redis_url": redis_url}, environ={})
+    return Registry(s)
+
+
+def _register(reg: Registry, folder: Path, seed: int, norm: FeatureNormalizer) -> str:
+    torch.manual_seed(seed)
+    save_bundle(folder, ActorCritic().eval(), norm)
+    with reg.run("test", {}) as run:
+        return reg.register_bundle(folder, run.run_id, metrics={}, parent=None, data="t")
+
+
+def test_promote_moves_aliases_audits_and_notifies(
+    registry: Registry, tmp_path: Path, normalizer: FeatureNormalizer
+) -> None:
+    v1 = _register(registry, tmp_path / "b1", 1, normalizer)
+    v2 = _register(registry, tmp_path / "b2", 2, normalizer)
+    registry.set_alias(CHALLENGER, v2)
+    sub = redis.Redis.from_url(registry.settings.redis_url).pubsub()
+    sub.subscribe(model_channel(registry.settings))
+    assert sub.get_message(timeout=2)["type"] == "subscribe"
+
+    rec = Promoter(registry).promote(v2, "A/B says better", "tester", {"sla": {"diff": 0.1}})
+    assert registry.aliases() == {CHAMPION: v2, PREVIOUS: v1}  # challenger alias consumed
+    msg = sub.get_message(timeout=5)
+    assert msg is not None and json.loads(msg["data"]) == {
+        "action": "promote",
+        "version": v2,
+        "from": v1,
+    }
+    trail = audit_trail(registry)
+    assert [(r["action"], r["version"], r["from_version"]) for r in trail] == [("promote", v2, v1)]
+    assert trail[0]["actor"] == "tester" and trail[0]["reason"] == "A/B says better"
+    assert rec["stats"] == {"sla": {"diff": 0.1}}
+    tags = registry.client.get_model_version(registry.name, v2).tags
+    assert json.loads(tags["audit.promote"])["actor"] == "tester"
+
+    Promoter(registry).rollback("SLA dropped", "guardrail")
+    assert registry.alias_version(CHAMPION) == v1
+    assert registry.alias_version(PREVIOUS) is None
+    assert registry.client.get_model_version(registry.name, v2).tags["rolled_back"] == "true"
+    msg = sub.get_message(timeout=5)
+    assert msg is not None and json.loads(msg["data"])["action"] == "rollback"
+    assert [r["action"] for r in audit_trail(registry)] == ["promote", "rollback"]
+    assert [r["action"] for r in audit_trail(registry, v2)] == ["promote", "rollback"]
+    with pytest.raises(RegistryError, match="no previous"):
+        Promoter(registry).rollback("again", "tester")
+    sub.close()
+
+
+def test_tampered_version_is_refused_and_the_champion_keeps_serving(
+    registry: Registry, tmp_path: Path, normalizer: FeatureNormalizer
+) -> None:
+    notices: list[str] = []
+    v1 = _register(registry, tmp_path / "b1", 1, normalizer)
+    v2 = _register(registry, tmp_path / "b2", 2, normalizer)
+    with (registry.bundle_folder(v2) / "state_dict.pt").open("ab") as f:
+        f.write(b"tampered")
+    started = time.time()
+    with pytest.raises(RegistryError, match="refused"):
+        Promoter(registry, notify=notices.append).promote(v2, "try", "tester")
+    assert registry.aliases() == {CHAMPION: v1}
+    assert notices == [] and audit_trail(registry) == []
+    assert registry.load(v1).version == f"v{v1}"
+    assert time.time() - started < 30
