@@ -39,11 +39,17 @@ class MCTSPolicy:
     name = "mcts"
 
     def __init__(
-        self, budget: int = 12, candidates: int = 3, horizon: int = 24, c: float = 1.4
+        self,
+        budget: int = 8,
+        candidates: int = 3,
+        horizon: int = 24,
+        c: float = 1.4,
+        horizon_s: float = 1800.0,
     ) -> None:
         if budget < 1 or candidates < 1 or horizon < 1:
             raise ValueError("budget, candidates and horizon must be >= 1")
         self.budget, self.k, self.horizon, self.c = budget, candidates, horizon, c
+        self.horizon_s = horizon_s
         self.rollout_policy = LeastLoadedPolicy()
 
     def decide(self, sim: Simulator, ready: list[TaskRun]) -> list[Decision]:
@@ -109,8 +115,11 @@ class MCTSPolicy:
         # Tasks of this batch not decided yet stay unplaced in the clone: the same for
         # every candidate, so they do not bias the comparison.
         decided = 0
+        # Bound simulated time too: tasks of this batch left unplaced in the clone keep their
+        # workflows open, and with faults on the event queue never runs dry.
+        limit = clone.now + self.horizon_s
         while decided < self.horizon:
-            batch = clone.advance()
+            batch = clone.advance(until=limit)
             if batch is None:
                 break
             clone.apply(self.rollout_policy.decide(clone, batch), batch)
