@@ -25,8 +25,9 @@ from tests.daemon.conftest import RedisServer
 
 @pytest.fixture(scope="module")
 def redis_url() -> Iterator[str]:
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server is not installed")
+    if shutil.which("redis-server") is None:  # `make setup` installs it; else the local one
+        yield "redis://127.0.0.1:6379/0"
+        return
     server = RedisServer().start()
     try:
         yield server.url
