@@ -29,7 +29,6 @@ from typing import Any
 import structlog
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from dagsched.daemon.convert import to_message
 from dagsched.daemon.kafka import Output, make_producer, produce_all
 from dagsched.schemas.messages import (
     BadMessage,
@@ -47,6 +46,7 @@ from dagsched.settings import Settings
 from dagsched.sim.engine import Simulator
 from dagsched.sim.runner import rng_for, stream_workflows
 from dagsched.sim.state import Decision, TaskRun, TaskState
+from dagsched.sim.wire import to_message
 from dagsched.sim.workflow import Workflow
 from dagsched.sim.workload import WorkloadGenerator
 

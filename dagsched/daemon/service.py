@@ -30,7 +30,6 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord
 from redis.exceptions import RedisError
 
-from dagsched.daemon.convert import to_workflow
 from dagsched.daemon.kafka import Output, make_consumer, make_producer, produce_all
 from dagsched.daemon.metrics import DaemonMetrics, MetricsServer
 from dagsched.daemon.models import Loader, Models, VersionOf
@@ -53,6 +52,7 @@ from dagsched.schemas.topics import ALLOWED_TYPES
 from dagsched.settings import Settings
 from dagsched.sim.state import CPU_BOUNDS, MEM_BOUNDS, RETRY_BOUNDS
 from dagsched.sim.view import ClusterView, TaskView
+from dagsched.sim.wire import to_workflow
 from dagsched.sim.workflow import Workflow, WorkflowError, downward_finish_s
 
 log = structlog.get_logger(__name__)

@@ -94,12 +94,6 @@ class Network:
         out[src] = 0.0
         return out
 
-    def mean_s_per_byte(self) -> float:
-        """Average inverse bandwidth over node pairs in different zones (HEFT's edge cost)."""
-        g = np.asarray(self.gbps, dtype=float)
-        off = g[~np.eye(len(g), dtype=bool)]
-        mean_gbps = float(off.mean()) if off.size else float(np.mean(self.node_gbps))
-        return 8.0 / (min(mean_gbps, float(np.mean(self.node_gbps))) * 1e9)
 
 
 class Cluster:

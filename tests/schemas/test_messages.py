@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from dagsched.daemon.convert import to_message, to_workflow
 from dagsched.schemas.messages import (
     BadMessage,
     DeadLetterMsg,
@@ -20,6 +19,7 @@ from dagsched.schemas.messages import (
     WorkflowMsg,
     decode,
 )
+from dagsched.sim.wire import to_message, to_workflow
 from dagsched.sim.workflow import WorkflowError
 
 EXAMPLES = [
