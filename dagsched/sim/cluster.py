@@ -95,7 +95,6 @@ class Network:
         return out
 
 
-
 class Cluster:
     """Static node info plus live state. The simulator is the only writer."""
 
@@ -138,6 +137,8 @@ class Cluster:
         self.transient_failure: list[float] = (
             (transient_failure * rng.uniform(0.5, 1.5, size=n)).clip(0, 0.99).tolist()
         )
+        # hidden slowdown per node (a drift): actual run time = advertised time x slowdown
+        self.slowdown: list[float] = [1.0] * n
         self.network = Network([x.zone for x in infos], self.net_gbps.tolist(), cfg, rng)
 
         # Live state as plain lists indexed by node id: the simulator updates single entries

@@ -209,6 +209,34 @@ class RewardWeights:
 
 
 @dataclass(frozen=True)
+class DriftConfig:
+    """A change of the cluster mid-run that policies are not told about.
+
+    At `at_s` simulated seconds, a `node_share` of the nodes (every k-th node, so each kind is
+    hit alike) run `slowdown` times slower than their advertised speed, and their node-failure
+    rate and transient task-failure probability are multiplied by `failure_mult`.
+    """
+
+    __pydantic_config__: ClassVar[dict[str, Any]] = _FORBID
+
+    at_s: float
+    node_share: float = 0.25
+    slowdown: float = 3.0
+    failure_mult: float = 5.0
+
+    def __post_init__(self) -> None:
+        _check(self.at_s >= 0, "at_s", "must be >= 0")
+        _check(0 < self.node_share <= 1, "node_share", "must be in (0, 1]")
+        _check(self.slowdown >= 1, "slowdown", "must be >= 1")
+        _check(self.failure_mult >= 1, "failure_mult", "must be >= 1")
+
+    def nodes(self, n: int) -> tuple[int, ...]:
+        """The drifted nodes of an `n`-node cluster: every k-th, about `node_share` of them."""
+        step = max(1, round(1 / self.node_share))
+        return tuple(range(0, n, step))
+
+
+@dataclass(frozen=True)
 class ScenarioConfig:
     """Everything a simulation run needs besides the policy and the seed."""
 
@@ -218,3 +246,4 @@ class ScenarioConfig:
     faults: FaultConfig = field(default_factory=FaultConfig)
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     reward: RewardWeights = field(default_factory=RewardWeights)
+    drift: DriftConfig | None = None

@@ -12,6 +12,10 @@ start, then computes from `compute_start_s` for `duration / speed x max(1, deman
 A memory reservation below demand is OOM-killed when usage (growing linearly with progress)
 crosses it. Completed outputs are assumed durable: a node failure loses running attempts,
 not finished outputs.
+
+A drift (`ScenarioConfig.drift`, or `drift()` at any time) makes some nodes slower than their
+advertised speed and raises their failure rates. Policies are not told: `cluster.speed` keeps
+the advertised figures, only `cluster.slowdown` (which policies must not read) changes.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from dagsched.sim.cluster import Cluster
-from dagsched.sim.config import ScenarioConfig
+from dagsched.sim.config import DriftConfig, ScenarioConfig
 from dagsched.sim.metrics import Metrics
 from dagsched.sim.reward import TaskOutcome, decision_reward
 from dagsched.sim.state import (
@@ -42,7 +46,7 @@ from dagsched.sim.state import (
 )
 from dagsched.sim.workflow import Workflow
 
-ARRIVAL, FINISH, FAIL, NODE_DOWN, NODE_UP = range(5)
+ARRIVAL, FINISH, FAIL, NODE_DOWN, NODE_UP, DRIFT = range(6)
 
 # Module-level aliases: a global lookup is several times cheaper than an enum class attribute.
 _WAITING, _READY, _QUEUED, _RUNNING, _DONE, _CANCELLED = TaskState
@@ -101,10 +105,14 @@ class Simulator:
         self._arrivals_done = False
         self._last_arrival = 0.0
         self._up_since = [0.0] * self.cluster.n
-        self._fail_rate_s = scenario.faults.node_failure_per_hour / 3600.0
-        if self._fail_rate_s > 0:
-            for node in range(self.cluster.n):
-                self._push(self._fault_rng.exponential(1 / self._fail_rate_s), NODE_DOWN, node)
+        rate_s = scenario.faults.node_failure_per_hour / 3600.0
+        self._fail_rate_s = [rate_s] * self.cluster.n  # per node: a drift raises some
+        self._fault_token = [0] * self.cluster.n  # invalidates a node's pending crash on drift
+        for node in range(self.cluster.n):
+            self._schedule_crash(node)
+        if scenario.drift is not None:
+            self._push(scenario.drift.at_s, DRIFT, scenario.drift)
+        self.drifted_at: float | None = None
         self._next_arrival()
 
     # -- driving ------------------------------------------------------------------------------
@@ -208,9 +216,12 @@ class Simulator:
             if task.token == token and task.state == _RUNNING:
                 self._fail(task, why)
         elif kind == NODE_DOWN:
-            self._node_down(obj)
+            if token == self._fault_token[obj]:
+                self._node_down(obj)
         elif kind == NODE_UP:
             self._node_up(obj)
+        elif kind == DRIFT:
+            self.drift(obj)
 
     def _next_arrival(self) -> None:
         wf = next(self._arrivals, None)
@@ -293,7 +304,12 @@ class Simulator:
         if nbytes > 0:
             c.receive(node, now, now + xfer, nbytes)
         slow = spec.cpu_cores / t.res_cores
-        t.compute_s = spec.duration_s / c.speed_rows[node][spec.type] * (slow if slow > 1 else 1.0)
+        t.compute_s = (
+            spec.duration_s
+            * c.slowdown[node]
+            / c.speed_rows[node][spec.type]
+            * (slow if slow > 1 else 1.0)
+        )
         t.compute_start_s = now + xfer + spec.cold_start_s
         if t.res_mem < spec.mem_gb:  # memory grows with progress until it crosses the limit
             at = t.compute_start_s + t.compute_s * t.res_mem / spec.mem_gb
@@ -444,9 +460,34 @@ class Simulator:
         c = self.cluster
         c.set_alive(node, True)
         self._up_since[node] = self.now
-        self._push(self.now + self._fault_rng.exponential(1 / self._fail_rate_s), NODE_DOWN, node)
+        self._schedule_crash(node)
         if self._stalled:
             for t in self._stalled:
                 if t.state == _READY:
                     self._ready.append(t)
             self._stalled = []
+
+    def _schedule_crash(self, node: int) -> None:
+        rate = self._fail_rate_s[node]
+        if rate > 0:
+            at = self.now + self._fault_rng.exponential(1 / rate)
+            self._push(at, NODE_DOWN, node, self._fault_token[node])
+
+    # -- drift --------------------------------------------------------------------------------
+
+    def drift(self, d: DriftConfig) -> tuple[int, ...]:
+        """Apply `d` now (its `at_s` is ignored); returns the drifted nodes.
+
+        Crashes are memoryless, so a live node's pending crash is redrawn at the new rate.
+        """
+        c = self.cluster
+        nodes = d.nodes(c.n)
+        for node in nodes:
+            c.slowdown[node] *= d.slowdown
+            c.transient_failure[node] = min(0.99, c.transient_failure[node] * d.failure_mult)
+            self._fail_rate_s[node] *= d.failure_mult
+            self._fault_token[node] += 1
+            if c.alive[node]:
+                self._schedule_crash(node)
+        self.drifted_at = self.now
+        return nodes

@@ -1,0 +1,62 @@
+"""Drift: some nodes slow down and fail more from a point in simulated time, unannounced."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from dagsched.sim.config import DriftConfig, FaultConfig
+from dagsched.sim.engine import Simulator
+from dagsched.sim.runner import generate_workflows, make_policy
+from tests.sim.conftest import small_scenario
+
+
+def test_drift_picks_a_share_of_every_kind() -> None:
+    nodes = DriftConfig(at_s=0).nodes(32)
+    assert len(nodes) == 8
+    assert sorted({n // 8 for n in nodes}) == [0, 1, 2, 3]  # groups are 8 nodes of one kind
+    with pytest.raises(ValueError, match="slowdown"):
+        DriftConfig(at_s=0, slowdown=0.5)
+
+
+def _slowdown_by_node(drift: DriftConfig | None) -> tuple[Simulator, dict[int, set[float]]]:
+    """Per node, the ratios of actual compute time to what its advertised speed implies."""
+    sc = replace(small_scenario(workflows=40), drift=drift)
+    wfs = {wf.id: wf for wf in generate_workflows(sc, 2)}
+    sim = Simulator(sc, list(wfs.values()), seed=2, keep_log=True)
+    sim.run(make_policy("round_robin", 2))
+    assert sim.log is not None
+    ratios: dict[int, set[float]] = {}
+    for wf, i, _a, node, _s, cstart, end, outcome, cores, _m in sim.log:
+        if outcome == "done":
+            spec = wfs[wf].tasks[i]
+            advertised = spec.duration_s / sim.cluster.speed[node, spec.type]
+            advertised *= max(1.0, spec.cpu_cores / cores)
+            ratios.setdefault(node, set()).add(round((end - cstart) / advertised, 6))
+    return sim, ratios
+
+
+def test_drifted_nodes_run_slower_but_advertise_the_same_speed() -> None:
+    sim, ratios = _slowdown_by_node(DriftConfig(at_s=0.0, slowdown=3.0, failure_mult=1.0))
+    hit = set(DriftConfig(at_s=0).nodes(sim.cluster.n))
+    assert sim.drifted_at == 0.0
+    assert hit & set(ratios) and set(ratios) - hit
+    for node, r in ratios.items():
+        assert r == ({3.0} if node in hit else {1.0}), node
+    assert (sim.cluster.speed == Simulator(sim.scenario, []).cluster.speed).all()
+    _, before = _slowdown_by_node(None)
+    assert all(r == {1.0} for r in before.values())
+
+
+def test_drift_multiplies_the_node_failure_rate() -> None:
+    sc = replace(
+        small_scenario(workflows=400, load=0.8),
+        faults=FaultConfig(node_failure_per_hour=0.5, repair_mean_s=60, transient_task_failure=0),
+    )
+    counts = []
+    for drift in (None, DriftConfig(at_s=0.0, node_share=1.0, slowdown=1.0, failure_mult=5.0)):
+        sim = Simulator(replace(sc, drift=drift), generate_workflows(sc, 5), seed=5)
+        out = sim.run(make_policy("least_loaded", 5))
+        counts.append(out["node_failures"] / sim.summary()["node_hours"])
+    assert 3.0 < counts[1] / counts[0] < 8.0, counts
