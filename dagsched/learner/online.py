@@ -267,15 +267,18 @@ def finetune_heads(
     transitions: Sequence[Joined],
     cfg: FinetuneConfig | None = None,
     seed: int = 0,
+    start: ActorCritic | None = None,
 ) -> FinetuneResult:
-    """A shadow copy of `champion` whose actor heads took PPO steps on `transitions`."""
+    """A shadow copy of `start` (default: `champion`) whose actor heads took PPO steps on
+    `transitions`. The KL limit is always to `champion`, so rounds that resume from the last
+    challenger cannot drift further from the champion than one round could."""
     cfg = cfg or FinetuneConfig()
     data = [t for t in transitions if t.trainable]
     if not data:
         raise ValueError("no trainable transitions (none carries an observation)")
     torch.manual_seed(seed)
     rng = random.Random(seed)
-    model = copy.deepcopy(champion).eval()
+    model = copy.deepcopy(start if start is not None else champion).eval()
     params = freeze_all_but_heads(model)
     opt = torch.optim.Adam(params, lr=cfg.learning_rate, eps=1e-5)
 
@@ -311,8 +314,8 @@ def finetune_heads(
     for _epoch in range(cfg.update_epochs):
         order = list(range(n))
         rng.shuffle(order)
-        for start in range(0, n, mb):
-            idx = order[start : start + mb]
+        for lo in range(0, n, mb):
+            idx = order[lo : lo + mb]
             batch = collate([obs[i] for i in idx])
             out = model(*batch.args())
             newlogp, entropy = evaluate(out, b_node[idx], b_unit[idx])

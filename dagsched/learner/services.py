@@ -26,6 +26,7 @@ from aiokafka import AIOKafkaConsumer
 
 from dagsched.learner.evaluation import Judge, Lease, WorkflowOutcomes, rule_from
 from dagsched.learner.online import FinetuneConfig, Joined, OutcomeJoiner, finetune_heads
+from dagsched.policy.scheduler import GNNScheduler
 from dagsched.schemas.messages import BadMessage, decode
 from dagsched.settings import Settings
 
@@ -113,12 +114,16 @@ class LearnerService:
             c.minibatch_size,
         )
         window = list(self.window)
-        result = finetune_heads(champ.model, champ.normalizer, window, cfg)
+        start = self.resume_point(parent)
+        result = finetune_heads(
+            champ.model, champ.normalizer, window, cfg, start=start.model if start else None
+        )
         keys = sorted({j.version for j in window})
         data = (
             f"online window: {len(window)} transitions from versions {','.join(keys)}; "
             f"first {window[0].key[0]}#{window[0].key[1]}, last {window[-1].key[0]}"
         )
+        resumed = start.version.removeprefix("v") if start else ""
         with (
             tempfile.TemporaryDirectory() as tmp,
             reg.run("online-finetune", {"parent": parent, "transitions": len(window)}) as run,
@@ -131,12 +136,32 @@ class LearnerService:
                 metrics=result.metrics,
                 parent=parent,
                 data=data,
-                tags={"origin": "online-learner"},
+                tags={"origin": "online-learner", "resumed_from": resumed},
                 first_is_champion=False,
             )
         reg.set_alias(CHALLENGER, version)
-        log.info("learner.round", version=version, parent=parent, **result.metrics)
+        log.info(
+            "learner.round", version=version, parent=parent, resumed_from=resumed, **result.metrics
+        )
         return version
+
+    def resume_point(self, champion: str) -> GNNScheduler | None:
+        """The latest challenger when it is a shadow of the current champion (so learning
+        carries across rounds and restarts); None to start from the champion itself."""
+        from dagsched.registry.errors import RegistryError
+        from dagsched.registry.store import CHALLENGER
+
+        reg = self.registry
+        chall = reg.alias_version(CHALLENGER)
+        if chall is None or chall == champion:
+            return None
+        if reg.client.get_model_version(reg.name, chall).tags.get("parent") != champion:
+            return None  # a challenger of an older champion: its lineage ended
+        try:
+            return reg.load(chall)
+        except RegistryError as exc:  # tampered or unreadable: start afresh, loudly
+            log.warning("learner.resume_refused", version=chall, error=str(exc))
+            return None
 
 
 class EvaluatorService:

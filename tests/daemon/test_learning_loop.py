@@ -95,8 +95,19 @@ async def test_learner_registers_a_challenger_from_the_logs(broker, redis_url, t
     tags = reg.client.get_model_version(reg.name, version).tags
     assert tags["parent"] == champion and tags["origin"] == "online-learner"
     assert tags["data"].startswith("online window: 50 transitions")
-    assert "metric.losses/grad_norm" in tags
+    assert "metric.losses/grad_norm" in tags and tags["resumed_from"] == ""
     reg.load(version)  # a servable, verified bundle
+
+    # a restarted learner carries on from the latest challenger, not from the champion
+    restarted = LearnerService(s)
+    restarted.window.extend(learner.window)
+    again = await asyncio.to_thread(restarted.round)
+    tags = reg.client.get_model_version(reg.name, again).tags
+    assert tags["parent"] == champion and tags["resumed_from"] == version
+    assert reg.alias_version(CHALLENGER) == again
+    # once the challenger is promoted, its lineage ends: the next round starts from it as champion
+    await asyncio.to_thread(Promoter(reg).promote, again, "test", "tester")
+    assert restarted.resume_point(again) is None
 
 
 async def test_daemons_follow_a_promotion_and_a_rollback(
