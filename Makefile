@@ -6,7 +6,7 @@ PIP     := $(VENV)/bin/pip
 STAMP   := $(VENV)/.setup-stamp
 # Pinned on purpose: an unpinned torch lets pip pick a multi-GB CUDA build.
 TORCH   := torch==2.13.0
-DEMO_WORKFLOWS ?= 30
+DEMO_WORKFLOWS ?= 200
 
 .PHONY: setup lint test demo bench clean
 
@@ -33,7 +33,7 @@ demo: setup
 	# the daemon keeps cluster state in Redis: start a local one when none answers
 	@$(PY) -c "import redis, os; redis.Redis.from_url(os.environ.get('DAGSCHED_REDIS_URL', 'redis://127.0.0.1:6379/0')).ping()" 2>/dev/null \
 		|| redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no
-	$(VENV)/bin/dagsched demo --workflows $(DEMO_WORKFLOWS)
+	$(VENV)/bin/dagsched --profile demo demo --workflows $(DEMO_WORKFLOWS)
 
 bench: setup
 	$(PY) bench/sim_speed.py

@@ -1,13 +1,16 @@
-"""`dagsched demo`: broker, daemon and replay on this machine, then the story."""
+"""`dagsched demo`: the whole loop on this machine (drift midway), then the story."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+from typing import Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from dagsched.cli.console import progress_bar, stderr_is_tty
 from dagsched.cli.state import state
 
 KEYS = ("sla_attainment", "mean_jct_s", "p95_jct_s", "cost_core_s", "workflows_failed")
@@ -15,26 +18,93 @@ KEYS = ("sla_attainment", "mean_jct_s", "p95_jct_s", "cost_core_s", "workflows_f
 
 def demo_cmd(
     ctx: typer.Context,
-    workflows: int = typer.Option(30, "--workflows", min=1, help="Workflows to replay."),
+    workflows: int = typer.Option(200, "--workflows", min=2, help="Workflows to replay."),
     seed: int = typer.Option(0, "--seed", min=0, help="Seed of the replayed workload."),
+    drift: bool = typer.Option(True, "--drift/--no-drift", help="Inject a drift midway."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object on stdout."),
 ) -> None:
-    """Serve the champion through Kafka and Redis for a replayed workload; tell what happened."""
-    from dagsched.daemon.demo import heuristic_context, run_demo
+    """Broker, daemon, learner, evaluator and a replay with a drift midway; tell the story."""
+    from dagsched.demo import heuristic_context, run_demo
 
     settings = state(ctx).settings()
-    result = asyncio.run(run_demo(settings, workflows, seed))
-    context = heuristic_context(settings, workflows, seed)
+    with progress_bar("replaying workflows", enabled=stderr_is_tty()) as progress:
+        story = asyncio.run(run_demo(settings, workflows, seed, drift, progress))
+    drift_at = story.drift_at_s if drift else None
+    context = heuristic_context(settings, workflows, drift_at, seed)
+    doc = story.to_dict()
+    if as_json:
+        doc["heuristics_in_simulator"] = context
+        typer.echo(json.dumps(doc, default=str))
+        return
+    tell(doc, context)
+
+
+def tell(doc: dict[str, Any], context: list[dict[str, Any]]) -> None:
+    """The closing story: what served, what the learner made, what the evaluator decided."""
     console = Console()
-    console.print(f"\n[bold]Served by[/bold] {result['served_by']} through the embedded broker: "
-                  f"{result.get('tasks_sent', '?')} tasks sent, "
-                  f"{result.get('decisions_received', '?')} decisions received, "
-                  f"{result.get('duplicates', 0)} duplicates, "
-                  f"{result.get('dead_letters', 0)} dead letters.")
-    table = Table(title="Same workload: the daemon's model vs heuristics in the simulator")
+    r = doc["replay"]
+    console.print(
+        f"\n[bold]1. Serving[/bold]: {doc['served_by']} (shipped champion) through the embedded"
+        f" broker; {r.get('tasks_sent', 0)} tasks sent, {r.get('decisions_received', 0)}"
+        f" decisions, {r.get('duplicates', 0)} duplicates, {r.get('rejected', 0)} re-asked."
+        f" Challenger share {doc['settings']['challenger_share']:.0%} of workflows."
+    )
+    if doc["drift"]:
+        d = doc["drift"]
+        console.print(
+            f"[bold]2. Drift[/bold] at simulated t={doc['drift_at_s']:.0f} s: a"
+            f" {d['node_share']:.0%} share of nodes {d['slowdown']:g}x slower, failures"
+            f" x{d['failure_mult']:g}, unannounced."
+        )
+    versions = Table(title="3. Model versions (MLflow registry of this demo)")
+    for col in ("version", "aliases", "origin", "parent", "resumed from", "transitions", "KL"):
+        versions.add_column(col)
+    for v in doc["versions"]:
+        versions.add_row(
+            v["version"],
+            ",".join(v["aliases"]),
+            v["origin"],
+            v["parent"],
+            v["resumed_from"],
+            v["transitions"],
+            v["kl_to_champion"],
+        )
+    console.print(versions)
+    console.print(
+        f"The learner fine-tuned the actor heads every {doc['settings']['every_n_tasks']}"
+        f" completed tasks: {len(doc['rounds'])} round(s)."
+    )
+    console.print(f"[bold]4. Verdicts[/bold] ({doc['settings']['rule']}):")
+    if not doc["verdicts"]:
+        console.print(
+            "   none: no challenger gathered enough evidence to be promoted or retired"
+            f" (at least {doc['settings']['min_samples']} workflows per arm)."
+        )
+    for v in doc["verdicts"]:
+        console.print(f"   {v['action']} v{v['version']}: {v.get('reason', '')}")
+    for a in doc["audit"]:
+        console.print(f"   audit: {a['action']} v{a['version']} by {a['actor']}: {a['reason']}")
+    sla = Table(title="5. SLA attainment, workflows by arrival")
+    for col in ("period", "all arms", "champion arm", "challenger arm"):
+        sla.add_column(col, justify="right")
+    for period in ("before_drift", "after_drift", "all"):
+        cells = doc["sla"][period]
+        sla.add_row(
+            period.replace("_", " "),
+            *(
+                f"{cells[a]['sla_attainment']:.3f} ({cells[a]['workflows']})"
+                for a in ("all", "champion", "challenger")
+            ),
+        )
+    console.print(sla)
+    table = Table(title="6. Same workload and drift: the served loop vs heuristics (simulator)")
     table.add_column("policy")
     for k in KEYS:
         table.add_column(k, justify="right")
-    rows = [("daemon: " + str(result["served_by"]), result), *((r["policy"], r) for r in context)]
-    for name, r in rows:
-        table.add_row(name, *(f"{float(r.get(k, 0)):.3f}" for k in KEYS))
+    for name, row in [("dagsched loop", r), *((c["policy"], c) for c in context)]:
+        table.add_row(name, *(f"{float(row.get(k, 0)):.3f}" for k in KEYS))
     console.print(table)
+    console.print(
+        "Browse the versions and the audit trail: .venv/bin/mlflow ui --backend-store-uri"
+        f" sqlite:///{doc['settings']['home']}/mlflow.db"
+    )

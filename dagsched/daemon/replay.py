@@ -61,6 +61,18 @@ class ReplayError(RuntimeError):
 
 
 @dataclass(frozen=True)
+class WorkflowOutcome:
+    """How one replayed workflow ended (`end_s` None: failed or still running)."""
+
+    workflow_id: str
+    arrival_s: float
+    end_s: float | None
+    met_deadline: bool
+    arm: str
+    version: str
+
+
+@dataclass(frozen=True)
 class ReplayConfig:
     """What to replay and how fast."""
 
@@ -154,6 +166,8 @@ class Replay:
         self._queued: set[TaskRun] = set()
         self._published: dict[str, Workflow] = {}
         self._out: list[Output] = []
+        self.served: dict[str, tuple[str, str]] = {}  # workflow -> (arm, version) first served
+        self._done_at: dict[str, dict[int, float]] = {}  # workflow id -> task -> finish time
 
     async def run(self, stop: asyncio.Event | None = None) -> dict[str, Any]:
         stop = stop or asyncio.Event()
@@ -221,6 +235,7 @@ class Replay:
         if not d.workflow_id.startswith(self.run_id):
             return
         self.counts["decisions_received"] += 1
+        self.served.setdefault(d.workflow_id, (d.arm, d.model_version))
         fut = self._waiting.pop(key, None)
         if fut is not None and not fut.done():
             fut.set_result(d)
@@ -373,6 +388,7 @@ class Replay:
             common = {"workflow_id": wf_id, "task": idx, "attempt": attempt, "node": node,
                       "at": end, "cpu_core_s": used, "peak_mem_gb": peak}  # fmt: skip
             if outcome == "done":
+                self._done_at.setdefault(wf_id, {})[idx] = end
                 self._event(node, TaskFinishedMsg(**common))
             else:
                 reason = outcome if outcome in _FAILURES else "transient"
@@ -389,6 +405,17 @@ class Replay:
                 self._event(node, TaskFailedMsg(workflow_id=t.run.wf.id, task=t.idx,
                                                 attempt=attempt, node=node, at=sim.now,
                                                 reason="cancelled"))  # fmt: skip
+
+    def workflow_outcomes(self) -> list[WorkflowOutcome]:
+        """Per workflow published so far: when it ended, whether by its deadline, who served it."""
+        out = []
+        for wf_id, wf in self._published.items():
+            done = self._done_at.get(wf_id, {})
+            end = max(done.values()) if len(done) == wf.size else None
+            arm, version = self.served.get(wf_id, ("", ""))
+            met = end is not None and end <= wf.arrival_s + wf.deadline_s
+            out.append(WorkflowOutcome(wf_id, wf.arrival_s, end, met, arm, version))
+        return out
 
     def _heartbeats(self, sim: Simulator) -> None:
         for i in range(sim.cluster.n):

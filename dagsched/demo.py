@@ -1,0 +1,210 @@
+"""`dagsched demo`: the whole loop on one machine, with a drift midway, ending with a story.
+
+An embedded Tansu broker; one daemon replica serving the champion (the shipped one, registered
+in a fresh demo registry) and a `daemon.challenger_share` slice of workflows to the challenger;
+the learner fine-tuning shadows from the decision logs; the A/B evaluator judging them; and the
+simulator replaying workflows through Kafka. Halfway through the workload (by arrival time) a
+quarter of the nodes turn 3x slower and fail 5x more often, unannounced (`sim.drift`).
+
+The demo keeps its registry under `<home>/demo` (wiped at each start) and its topics under a
+fresh prefix, so it never touches the user's models. Everything runs in one asyncio loop; the
+learner's fine-tuning and registry calls run in worker threads, as they do in the services.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import structlog
+
+from dagsched.daemon.broker import embedded_broker
+from dagsched.daemon.replay import Replay, ReplayConfig, WorkflowOutcome
+from dagsched.daemon.service import Daemon
+from dagsched.learner.services import EvaluatorService, LearnerService
+from dagsched.registry.promotion import audit_trail
+from dagsched.registry.store import Registry
+from dagsched.settings import Settings
+from dagsched.sim.config import DriftConfig
+from dagsched.sim.runner import simulate, stream_workflows
+
+log = structlog.get_logger("dagsched.demo")
+MODEL_WAIT_S = 120.0
+Progress = Callable[[int, int], None]
+
+
+@dataclass
+class Story:
+    """What happened, for the closing story and `--json`."""
+
+    drift_at_s: float
+    drift: dict[str, Any]
+    served_by: str
+    replay: dict[str, Any]
+    outcomes: list[WorkflowOutcome]
+    versions: list[dict[str, Any]] = field(default_factory=list)
+    verdicts: list[dict[str, Any]] = field(default_factory=list)
+    audit: list[dict[str, Any]] = field(default_factory=list)
+    rounds: list[str] = field(default_factory=list)
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def sla(self, before: bool | None = None, arm: str | None = None) -> tuple[float, int]:
+        """(SLA attainment, workflows) over those that arrived before/after the drift."""
+        chosen = [
+            o
+            for o in self.outcomes
+            if (before is None or (o.arrival_s < self.drift_at_s) == before)
+            and (arm is None or o.arm == arm)
+        ]
+        return (sum(o.met_deadline for o in chosen) / len(chosen) if chosen else 0.0), len(chosen)
+
+    def to_dict(self) -> dict[str, Any]:
+        periods = {"before_drift": True, "after_drift": False, "all": None}
+        sla = {
+            period: {
+                arm or "all": dict(
+                    zip(("sla_attainment", "workflows"), self.sla(before, arm), strict=True)
+                )
+                for arm in (None, "champion", "challenger")
+            }
+            for period, before in periods.items()
+        }
+        return {
+            "served_by": self.served_by,
+            "drift_at_s": self.drift_at_s,
+            "drift": self.drift,
+            "sla": sla,
+            "replay": self.replay,
+            "rounds": self.rounds,
+            "versions": self.versions,
+            "verdicts": self.verdicts,
+            "audit": self.audit,
+            "settings": self.settings,
+        }
+
+
+def demo_settings(settings: Settings) -> Settings:
+    """A fresh registry under `<home>/demo` and topics under a fresh prefix."""
+    home = settings.home / "demo"
+    shutil.rmtree(home, ignore_errors=True)
+    return settings.model_copy(
+        update={
+            "home": home,
+            "mlflow_tracking_uri": None,
+            "topic_prefix": f"demo-{uuid.uuid4().hex[:8]}-",
+        }
+    )
+
+
+def midway(settings: Settings, workflows: int, seed: int) -> float:
+    """Arrival time (simulated s) of the middle workflow of the replayed workload."""
+    arrivals = [wf.arrival_s for wf in stream_workflows(settings.sim, seed, workflows)]
+    return arrivals[len(arrivals) // 2]
+
+
+async def _wait_for_champion(daemon: Daemon, task: asyncio.Task[None]) -> str:
+    deadline = time.monotonic() + MODEL_WAIT_S
+    while daemon.models.version("champion") is None and time.monotonic() < deadline:
+        if task.done():
+            await task  # surfaces why the daemon stopped
+        await asyncio.sleep(0.2)  # polling a load that runs in a worker thread
+    return daemon.models.version("champion") or "fallback (no model loaded)"
+
+
+async def run_demo(
+    settings: Settings,
+    workflows: int,
+    seed: int = 0,
+    drift: bool = True,
+    progress: Progress | None = None,
+) -> Story:
+    """Broker + daemon + learner + evaluator + replay (drift midway); returns the story."""
+    s = demo_settings(settings)
+    drift_at = midway(s, workflows, seed) if drift else float("inf")
+    drift_cfg = DriftConfig(at_s=drift_at) if drift else None
+    s = s.model_copy(update={"sim": replace(s.sim, drift=drift_cfg)})
+    reg = Registry(s)
+    champion = await asyncio.to_thread(reg.ensure_champion)
+    log.info("demo.registry", home=str(s.home), champion=champion)
+    verdicts: list[dict[str, Any]] = []
+    async with embedded_broker(s) as broker:
+        s = s.model_copy(update={"kafka_bootstrap": broker.bootstrap})
+        log.info("demo.broker", bootstrap=broker.bootstrap)
+        stop = asyncio.Event()
+        daemon = Daemon(s, metrics_port=0)
+        learner = LearnerService(s)
+        evaluator = EvaluatorService(s, verdicts.append)
+        tasks = {
+            "daemon": asyncio.create_task(daemon.async_run()),
+            "learner": asyncio.create_task(learner.run(stop)),
+            "evaluator": asyncio.create_task(evaluator.run(stop)),
+        }
+        try:
+            served = await _wait_for_champion(daemon, tasks["daemon"])
+            log.info("demo.serving", champion=served, drift_at_s=drift_at)
+            replay = Replay(s, ReplayConfig(workflows=workflows, seed=seed), progress)
+            result = await replay.run()
+        finally:
+            daemon.stop()
+            stop.set()
+            for name, t in tasks.items():
+                try:
+                    await asyncio.wait_for(t, 120)
+                except Exception as exc:  # one part failing must not hide the others' story
+                    log.error("demo.part_failed", part=name, error=repr(exc))
+    story = Story(
+        drift_at_s=drift_at,
+        drift=drift_cfg.__dict__ if drift_cfg else {},
+        served_by=served,
+        replay={**result, "daemon_decisions": daemon.stats["decisions"]},
+        outcomes=replay.workflow_outcomes(),
+        verdicts=verdicts,
+        rounds=learner.rounds,
+        settings={
+            "challenger_share": s.daemon.challenger_share,
+            "every_n_tasks": s.learner.every_n_tasks,
+            "min_samples": s.evaluator.min_samples,
+            "rule": evaluator.judge.rule.describe(),
+            "home": str(s.home),
+        },
+    )
+    story.versions, story.audit = await asyncio.to_thread(_registry_story, reg)
+    return story
+
+
+def _registry_story(reg: Registry) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    aliases: dict[str, list[str]] = {}
+    for alias, version in reg.aliases().items():
+        aliases.setdefault(version, []).append(alias)
+    versions = []
+    for mv in reversed(reg.versions()):
+        t = mv.tags
+        versions.append(
+            {
+                "version": str(mv.version),
+                "aliases": sorted(aliases.get(str(mv.version), [])),
+                "origin": t.get("origin", ""),
+                "parent": t.get("parent", ""),
+                "resumed_from": t.get("resumed_from", ""),
+                "kl_to_champion": t.get("metric.losses/kl_to_champion", ""),
+                "transitions": t.get("metric.online/transitions", ""),
+            }
+        )
+    audit = [{k: r[k] for k in ("action", "version", "from_version", "reason", "actor", "at")}
+             for r in audit_trail(reg)]  # fmt: skip
+    return versions, audit
+
+
+def heuristic_context(
+    settings: Settings, workflows: int, drift_at: float | None, seed: int = 0
+) -> list[dict[str, Any]]:
+    """The same workload (and drift) in the simulator under HEFT and least-loaded."""
+    drift = DriftConfig(at_s=drift_at) if drift_at is not None else None
+    wl = replace(settings.sim.workload, workflows=workflows)
+    sc = replace(settings.sim, workload=wl, drift=drift)
+    return [simulate(sc, p, seed=seed) for p in ("heft", "least_loaded")]
