@@ -79,6 +79,8 @@ class LearnerSettings(_Strict):
     target_kl: float = Field(default=0.02, gt=0)  # approximate KL to the champion: stop
     update_epochs: int = Field(default=4, ge=1)
     minibatch_size: int = Field(default=64, ge=1)
+    # register a new challenger even while the current one is under A/B test (restarts it)
+    replace_challenger: bool = False
 
 
 class EvaluatorSettings(_Strict):

@@ -3,9 +3,10 @@
 
 Both consume `tasks` (workflows), `decisions`, `events` (and the learner `decisionlog`) in
 their own consumer group with auto-commit off. The learner commits after each round is
-registered, so a restart resumes from the last round's offsets and numbers its next round
-after the latest challenger. The evaluator acts only while it holds the Redis lease; a second
-one waits for it.
+registered, so a restart resumes from the last round's offsets and from the latest challenger.
+One challenger is under test at a time: a due round waits (still joining outcomes into its
+window) until the evaluator has promoted or retired the current one. The evaluator acts only
+while it holds the Redis lease; a second one waits for it.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from dagsched.settings import Settings
 log = structlog.get_logger(__name__)
 
 LEASE_KEY = "dagsched:evaluator:lease"
+BUSY_RECHECK_S = 2.0  # how often a learner with a full window asks if the challenger is judged
 
 
 def _consumer(settings: Settings, group: str, *names: str) -> AIOKafkaConsumer:
@@ -70,12 +72,14 @@ class LearnerService:
         self.window: deque[Joined] = deque(maxlen=self.cfg.window)
         self.completed = 0
         self.rounds: list[str] = []
+        self._waiting_on: str | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         consumer = _consumer(
             self.settings, self.cfg.group_id, "tasks", "decisions", "decisionlog", "events"
         )
         await consumer.start()
+        next_check = 0.0
         try:
             while not stop.is_set():
                 got = await consumer.getmany(timeout_ms=500, max_records=2000)
@@ -84,7 +88,14 @@ class LearnerService:
                 joined += self.joiner.expire(now)
                 self.completed += len(joined)
                 self.window.extend(j for j in joined if j.trainable)
-                if self.completed >= self.cfg.every_n_tasks and self.window:
+                if (
+                    self.completed >= self.cfg.every_n_tasks
+                    and self.window
+                    and time.monotonic() >= next_check
+                ):
+                    if await asyncio.to_thread(self.challenger_busy):
+                        next_check = time.monotonic() + BUSY_RECHECK_S
+                        continue  # keep filling the window; try again later
                     version = await asyncio.to_thread(self.round)
                     self.rounds.append(version)
                     self.completed = 0
@@ -92,6 +103,20 @@ class LearnerService:
         finally:
             with contextlib.suppress(Exception):
                 await consumer.stop()
+
+    def challenger_busy(self) -> bool:
+        """A challenger is under A/B test and may not be replaced (`replace_challenger` off):
+        each new challenger restarts the evaluator's test, so replacing it every round would
+        keep any verdict from ever being reached."""
+        from dagsched.registry.store import CHALLENGER
+
+        if self.cfg.replace_challenger:
+            return False
+        busy = self.registry.alias_version(CHALLENGER)
+        if busy is not None and busy != self._waiting_on:
+            log.info("learner.waiting", challenger=busy, reason="under A/B test")
+        self._waiting_on = busy
+        return busy is not None
 
     def round(self) -> str:
         """Fine-tune the champion's heads on the window; register it as the challenger."""

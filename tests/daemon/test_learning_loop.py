@@ -98,8 +98,14 @@ async def test_learner_registers_a_challenger_from_the_logs(broker, redis_url, t
     assert "metric.losses/grad_norm" in tags and tags["resumed_from"] == ""
     reg.load(version)  # a servable, verified bundle
 
-    # a restarted learner carries on from the latest challenger, not from the champion
+    # one challenger under test at a time, unless told to replace it
     restarted = LearnerService(s)
+    assert restarted.challenger_busy()
+    replacing = s.model_copy(
+        update={"learner": s.learner.model_copy(update={"replace_challenger": True})}
+    )
+    assert not LearnerService(replacing).challenger_busy()
+    # a restarted learner carries on from the latest challenger, not from the champion
     restarted.window.extend(learner.window)
     again = await asyncio.to_thread(restarted.round)
     tags = reg.client.get_model_version(reg.name, again).tags
@@ -108,6 +114,7 @@ async def test_learner_registers_a_challenger_from_the_logs(broker, redis_url, t
     # once the challenger is promoted, its lineage ends: the next round starts from it as champion
     await asyncio.to_thread(Promoter(reg).promote, again, "test", "tester")
     assert restarted.resume_point(again) is None
+    assert not restarted.challenger_busy()  # promotion freed the challenger slot
 
 
 async def test_daemons_follow_a_promotion_and_a_rollback(
