@@ -1,0 +1,94 @@
+"""The A/B loop through the real services: a replay through the broker, a daemon serving both
+arms from the MLflow registry, and the evaluator service judging them from Kafka."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dagsched.daemon.replay import Replay, ReplayConfig
+from dagsched.learner.services import EvaluatorService
+from dagsched.policy.bundle import load_bundle, save_bundle
+from dagsched.policy.model import ActorCritic
+from dagsched.registry.store import CHALLENGER, CHAMPION, SHIPPED_CHAMPION, Registry
+from dagsched.settings import Settings
+from tests.daemon.conftest import wait_for
+
+WORKFLOWS = 120
+
+
+def _ab_settings(settings: Settings, **evaluator: Any) -> Settings:
+    return settings.model_copy(
+        update={
+            "daemon": settings.daemon.model_copy(update={"challenger_share": 0.5}),
+            "evaluator": settings.evaluator.model_copy(update={"min_samples": 10, **evaluator}),
+        }
+    )
+
+
+async def _ab(
+    s: Settings, champion: ActorCritic, challenger: ActorCritic, start_daemon: Any
+) -> tuple[list[dict[str, Any]], Registry, str, str, Any]:
+    """Register both, serve both, replay, and return the evaluator's verdicts."""
+    shipped = load_bundle(SHIPPED_CHAMPION, "shipped")
+    reg = Registry(s)
+
+    def register(model: ActorCritic, name: str) -> str:
+        folder = Path(s.home) / name
+        save_bundle(folder, model, shipped.normalizer)
+        with reg.run(name, {}) as run:
+            return reg.register_bundle(folder, run.run_id, metrics={}, parent=None, data=name)
+
+    v1 = await asyncio.to_thread(register, champion, "a")  # the first version is champion
+    v2 = await asyncio.to_thread(register, challenger, "b")
+    await asyncio.to_thread(reg.set_alias, CHALLENGER, v2)
+    verdicts: list[dict[str, Any]] = []
+    stop = asyncio.Event()
+    evaluator = EvaluatorService(s, verdicts.append)
+    judged = asyncio.create_task(evaluator.run(stop))
+    daemon = await start_daemon(s, registry=True)
+    models = daemon.daemon.models
+    await wait_for(
+        lambda: models.version("challenger") == f"v{v2}" or models._pending.get("challenger"),
+        60,
+        "both arms to load",
+    )
+    enough = asyncio.Event()  # the replay stops at the first verdict
+    replay = asyncio.create_task(Replay(s, ReplayConfig(workflows=WORKFLOWS, seed=3)).run(enough))
+    try:
+        await wait_for(lambda: verdicts or replay.done(), 300, "a verdict or the replay's end")
+        enough.set()
+        await replay
+        await wait_for(lambda: verdicts, 60, "a verdict")
+    finally:
+        stop.set()
+        await asyncio.wait_for(judged, 30)
+    return verdicts, reg, v1, v2, daemon
+
+
+async def test_a_a_is_not_promoted_within_its_budget(settings: Settings, start_daemon):
+    s = _ab_settings(settings, max_samples=30)
+    same = load_bundle(SHIPPED_CHAMPION, "shipped").model
+    verdicts, reg, v1, v2, _ = await _ab(s, same, same, start_daemon)
+    assert verdicts[0]["version"] == v2
+    assert [v["action"] for v in verdicts] == ["retire"]  # budget, futility or "worse"
+    assert reg.alias_version(CHAMPION) == v1 and reg.alias_version(CHALLENGER) is None
+
+
+async def test_trained_challenger_beats_a_random_champion(settings: Settings, start_daemon):
+    s = _ab_settings(settings)
+    torch.manual_seed(7)
+    random_policy = ActorCritic().eval()
+    trained = load_bundle(SHIPPED_CHAMPION, "shipped").model
+    verdicts, reg, _v1, v2, daemon = await _ab(s, random_policy, trained, start_daemon)
+    assert verdicts[0]["action"] == "promote" and verdicts[0]["version"] == v2
+    assert reg.alias_version(CHAMPION) == v2
+    models = daemon.daemon.models
+    await wait_for(
+        lambda: models.version("champion") == f"v{v2}" or models._pending.get("champion"),
+        30,
+        "the daemon to serve the promoted version",
+    )

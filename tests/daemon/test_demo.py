@@ -1,0 +1,43 @@
+"""`dagsched demo`'s whole loop: its own broker, the given Redis, a fresh demo registry."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from dagsched.demo import midway, run_demo
+from tests.daemon.conftest import make_settings
+
+
+async def test_demo_runs_the_loop_and_tells_what_happened(redis_url: str, tmp_path: Path):
+    s = make_settings(
+        "127.0.0.1:1",  # unused: the demo starts its own broker
+        redis_url,
+        tmp_path,
+        **{
+            "learner.every_n_tasks": 40,
+            "learner.outcome_timeout_s": 30.0,
+            "daemon.challenger_share": 0.5,
+            "evaluator.min_samples": 4,
+        },
+    )
+    story = await run_demo(s, workflows=10, seed=1)
+    assert story.served_by == "v1"  # the shipped champion, registered in the demo registry
+    assert story.settings["home"] == str(tmp_path / "demo")
+    assert story.drift_at_s == midway(s, 10, 1)
+    outcomes = story.outcomes
+    assert len(outcomes) == 10 and all(o.end_s is not None for o in outcomes)
+    assert sum(o.arrival_s < story.drift_at_s for o in outcomes) == 5
+    assert story.replay["duplicates"] == 0
+    # the learner made at least one challenger, a head-only shadow of v1
+    assert story.rounds
+    made = {v["version"]: v for v in story.versions}
+    assert made["1"]["origin"] == "shipped"
+    for r in story.rounds:
+        assert made[r]["origin"] == "online-learner" and made[r]["parent"] == "1"
+    # every workflow was served by the champion or a challenger the learner made
+    assert {o.version for o in outcomes} <= {"v1", *(f"v{r}" for r in story.rounds)}
+    doc = json.loads(json.dumps(story.to_dict(), default=str))
+    before, after = doc["sla"]["before_drift"]["all"], doc["sla"]["after_drift"]["all"]
+    assert before["workflows"] == after["workflows"] == 5
+    assert 0.0 <= before["sla_attainment"] <= 1.0
