@@ -35,6 +35,7 @@ class DaemonSettings(_Strict):
     max_dag_tasks: int = Field(default=5000, ge=1)
     challenger_share: float = Field(default=0.1, ge=0, le=1)
     reload_poll_s: float = Field(default=5.0, gt=0)
+    view_wait_ms: float = Field(default=250.0, ge=0, le=10_000)  # for events up to a request's `at`
     grace_s: float = Field(default=10.0, gt=0)
     metrics_port: int = Field(default=9464, ge=0, le=65535)
     fallback_policy: str = "least_loaded"

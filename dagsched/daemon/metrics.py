@@ -78,6 +78,11 @@ class DaemonMetrics:
         self.events = Counter(
             "dagsched_events_applied", "dagsched.events messages applied to Redis", registry=r
         )
+        self.stale_views = Counter(
+            "dagsched_stale_views_total",
+            "batches decided on a view older than the request (daemon.view_wait_ms ran out)",
+            registry=r,
+        )
         self.redis_up.set(1)
         self.refresh: Callable[[], None] | None = None  # updates gauges just before a scrape
 

@@ -138,9 +138,9 @@ class Models:
         listener = asyncio.create_task(self._listen(stop, redis)) if redis is not None else None
         try:
             while not stop.is_set():
+                self._wake.clear()  # before the check: a notice during it triggers another
                 await self.check()
                 self.first_check.set()
-                self._wake.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(
                         _first(stop.wait(), self._wake.wait()), self.settings.daemon.reload_poll_s

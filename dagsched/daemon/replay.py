@@ -312,7 +312,7 @@ class Replay:
                 fut: asyncio.Future[DecisionMsg] = asyncio.get_running_loop().create_future()
                 self._waiting[key] = fut
                 waits.append(fut)
-                msg = TaskReadyMsg(workflow_id=wf.id, task=t.idx, attempt=attempt)
+                msg = TaskReadyMsg(workflow_id=wf.id, task=t.idx, attempt=attempt, at=sim.now)
                 self._out.append((self.s.topic("tasks"), wf.id.encode(), msg.encode()))
                 self.counts["tasks_sent"] += 1
                 if self.cfg.malformed > 0 and self.rng.random() < self.cfg.malformed:

@@ -59,6 +59,7 @@ log = structlog.get_logger(__name__)
 
 HOLD_S = (0.05, 0.5)  # backoff while no node is alive to place on
 PLACE_ROUNDS = 3
+VIEW_POLL_S = 0.002  # how often a batch re-reads the view while it waits for the updater
 
 
 class _Hold(Exception):
@@ -406,10 +407,11 @@ class Daemon:
                 )
             else:
                 pending[key] = (m, wf)
+        at = max((m.at for m, _ in pending.values() if m.at is not None), default=None)
         for round_ in range(PLACE_ROUNDS):
             if not pending:
                 break
-            view = await self.store.view()
+            view = await self._fresh_view(at, wait=round_ == 0)
             if view is None or view.n == 0 or not view.alive.any():
                 raise _Hold("no alive node known")
             progress = await self.store.progress(
@@ -426,6 +428,26 @@ class Daemon:
             raise _Hold(f"{len(pending)} task(s) could not be placed")
         return out, new
 
+    async def _fresh_view(self, at: float | None, wait: bool) -> ClusterView | None:
+        """The cluster view once it has caught up with job-queue time `at` (the newest request
+        of the batch): the updater applies events concurrently, and a task's parent finishing
+        and the task becoming ready happen at the same instant. After `daemon.view_wait_ms`
+        (or at once when not `wait`) the batch is decided on what is known, clock at `at`."""
+        view = await self.store.view()
+        if at is None or view is None:
+            return view
+        deadline = time.monotonic() + (self.cfg.view_wait_ms / 1000 if wait else 0.0)
+        while view.now + 1e-6 < at and not self.store.degraded and time.monotonic() < deadline:
+            await asyncio.sleep(VIEW_POLL_S)  # the updater runs meanwhile
+            view = await self.store.view()
+            if view is None:
+                return None
+        if view.now + 1e-6 < at:
+            if wait:
+                self.metrics.stale_views.inc()
+            view.now = at
+        return view
+
     async def _place_round(
         self,
         view: ClusterView,
@@ -440,8 +462,11 @@ class Daemon:
             by_arm[self.models.pick(*key)].append(key)
         free_c, free_m, queue = view.free_cores.copy(), view.free_mem.copy(), view.queue_len.copy()
         placed: dict[tuple[str, int], bytes] = {}
+        ready: dict[str, set[int]] = defaultdict(set)  # ready now, as the simulator sees it
+        for m, _ in pending.values():
+            ready[m.workflow_id].add(m.task)
         for arm, keys in sorted(by_arm.items()):
-            tvs = [self._task_view(view, *pending[k], progress) for k in keys]
+            tvs = [self._task_view(view, *pending[k], progress, ready) for k in keys]
             placements, arm, version = self._run_policy(arm, view, tvs)
             traces = self._last_trace
             for key, tv, p, trace in zip(keys, tvs, placements, traces, strict=True):
@@ -518,15 +543,21 @@ class Daemon:
         return fb.place(view, tvs), "fallback", fb.version
 
     def _task_view(
-        self, view: ClusterView, m: TaskReadyMsg, wf: Workflow, progress: dict[str, Progress]
+        self,
+        view: ClusterView,
+        m: TaskReadyMsg,
+        wf: Workflow,
+        progress: dict[str, Progress],
+        ready: dict[str, set[int]],
     ) -> TaskView:
+        """The task as the model was trained to see it: active = decided and not done, or
+        ready in this batch."""
         done_set, active_set, nodes = progress.get(m.workflow_id, (set(), set(), {}))
         index = {node: i for i, node in enumerate(view.node_ids)}
         done = np.zeros(wf.size, dtype=bool)
         done[[i for i in done_set if i < wf.size]] = True
         active = np.zeros(wf.size, dtype=bool)
-        active[[i for i in active_set if i < wf.size]] = True
-        active[m.task] = True
+        active[[i for i in active_set | ready[m.workflow_id] if i < wf.size]] = True
         finish = downward_finish_s(wf)
         cp = max(finish) or 1.0
         return TaskView(

@@ -84,6 +84,9 @@ class TaskReadyMsg(_Message):
     workflow_id: Id
     task: TaskIndex
     attempt: Attempt = 0
+    # job-queue time the task became ready (the clock of dagsched.events); optional. The
+    # daemon waits up to daemon.view_wait_ms for its cluster view to catch up with it.
+    at: Seconds | None = None
 
 
 # -- dagsched.decisions -------------------------------------------------------------------------

@@ -1,0 +1,54 @@
+"""A batch is decided on a view that has caught up with its requests' job-queue time."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from dagsched.schemas.messages import NodeHeartbeatMsg, TaskReadyMsg
+from dagsched.settings import Settings
+from tests.daemon.conftest import Client, Running, wait_for
+
+LATE_EVENT_S = 0.3  # an event the job queue published just before the request, delivered late
+
+
+async def test_a_batch_waits_for_the_events_up_to_its_ready_time(
+    settings: Settings, client: Client, start_daemon
+):
+    s = settings.model_copy(
+        update={"daemon": settings.daemon.model_copy(update={"view_wait_ms": 5000.0})}
+    )
+    await client.heartbeats(2)  # the daemon's clock: t = 0
+    d = await start_daemon(s)
+    await client.workflow("wf-f", n_tasks=2)
+    ready = TaskReadyMsg(workflow_id="wf-f", task=0, attempt=0, at=100.0)
+    await client.send("tasks", ready.encode(), "wf-f")
+    await asyncio.sleep(LATE_EVENT_S)  # the point of the test: the event comes late
+    sent = time.time()
+    hb = NodeHeartbeatMsg(node="node-0000", at=100.0, kind="cpu", zone=0, cores=16, mem_gb=64)
+    await client.send("events", hb.encode(), "node-0000")
+    (decision,) = await client.wait("decisions", 1)
+    assert decision.decided_at >= sent  # it waited for the clock to reach t = 100
+    assert d.daemon.metrics.stale_views._value.get() == 0
+
+
+async def test_a_late_view_gives_up_after_view_wait_ms(
+    settings: Settings, client: Client, start_daemon
+):
+    s = settings.model_copy(
+        update={"daemon": settings.daemon.model_copy(update={"view_wait_ms": 50.0})}
+    )
+    await client.heartbeats(2)
+    d = await start_daemon(s)
+    await wait_for(lambda: _knows_nodes(d, 2), what="the daemon to know both nodes")
+    await client.workflow("wf-g", n_tasks=2)
+    ready = TaskReadyMsg(workflow_id="wf-g", task=0, attempt=0, at=100.0)
+    await client.send("tasks", ready.encode(), "wf-g")
+    (decision,) = await client.wait("decisions", 1)  # decided on what it knew
+    assert decision.node in ("node-0000", "node-0001")
+    assert d.daemon.metrics.stale_views._value.get() == 1
+
+
+async def _knows_nodes(d: Running, n: int) -> bool:
+    view = await d.daemon.store.view()
+    return view is not None and int(view.alive.sum()) == n
