@@ -1,0 +1,1035 @@
+"""Switch time: from the champion alias move until every daemon replica serves the new version,
+under live traffic, with no task lost or decided twice (issue 5).
+
+Setup, all on this machine: the embedded Tansu broker, a Redis (`settings.redis_url` when it
+answers, else a private `redis-server`), an MLflow SQLite registry in a temporary home
+(champion `v1` = the shipped bundle; `v2` = the same bundle with its continuous head perturbed
+by N(0, 0.01) noise), and `--daemons` replicas started as separate `dagsched daemon` processes
+(one consumer group; code defaults + configs/default.yaml, so `daemon.reload_poll_s` is 5 s;
+JSON logs on stderr). Each replica has its own home (its own bundle cache, as on its own host)
+and reads the bench's MLflow store, so its first load of `v2` includes the bundle download.
+The audit experiment is created before the first switch (a fresh store would otherwise pay
+that once inside the first promotion). Traffic: back-to-back closed-loop replays
+(`dagsched.daemon.replay`, as fast as decisions come, `--workflows` each) in a process of their
+own (so the promotion does not share a GIL with the simulator), from before the first switch
+until after the last; every replay must finish all of its workflows. The promotions run in
+this process, with the reader of the topics and of the replicas' logs.
+
+Each switch promotes the other version with `Promoter.promote` (v1 -> v2 -> v1 ...), started
+`--interval` seconds after the previous alias move and only once every replica serves the
+previous target. Times are wall clock (`time.time()`; one machine, one clock):
+
+- t0: the moment `Registry.set_alias("champion", ...)` returns inside `promote`, i.e. the alias
+  write has committed. `promote` then writes the audit record and only then publishes the
+  Redis notice ("alias->notice" in the table).
+- notice received, loaded, swapped: the replica's `model.notice`, `model.loaded` and
+  `model.swapped` log lines (structlog ISO timestamps). Swapped is when the new version is
+  installed between two batches: that replica's next batch is decided by it. This is
+  "serving the new version".
+- switch time of a replica = swapped - t0; switch time of a switch = the max over replicas.
+- first decision: `decided_at` of the replica's first decision on `dagsched.decisions` naming
+  the new version (depends on traffic reaching that replica). Decisions carry no replica id:
+  a decision is attributed to the replica that owned its partition at `decided_at` (the daemon
+  keys decisions by workflow id like the tasks; both topics have the same partitions; the
+  replicas log their assignments).
+
+Integrity, from `dagsched.tasks` and `dagsched.decisions` read from the beginning: every
+(workflow, task, attempt) asked for has a decision (lost = none); none has two different
+decisions (a byte-identical re-emit of the stored decision counts as a re-emit, not as
+deciding twice); every decision names a version allowed at its `decided_at`: the old one
+before t0, the new one once its replica swapped, either in between; every replay completes.
+
+Experiments (written to their own JSON files): `--early-notice` also publishes the notice
+right after the alias write (the order proposed for `Promoter`); `--torch-threads N` sets
+OMP_NUM_THREADS for the replicas.
+
+    .venv/bin/python bench/switch_time.py [--switches 8] [--daemons 2] [--interval 2.5]
+        [--workflows 12] [--out bench/results] [--early-notice] [--torch-threads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime as dt
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from dagsched.settings import Settings, load_settings
+
+REPO = Path(__file__).resolve().parents[1]
+TARGET_S = 1.0
+SWITCH_TIMEOUT_S = 20.0
+MISSED_NOTICE_S = 2.0  # a load this long after the notice came from the poll
+DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
+
+
+# -- services -------------------------------------------------------------------------------
+
+
+def redis_answers(url: str) -> bool:
+    import redis
+
+    client = redis.Redis.from_url(url, socket_connect_timeout=0.5, socket_timeout=0.5)
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
+    finally:
+        client.close()
+
+
+def start_redis() -> tuple[str, subprocess.Popen[bytes]]:
+    """A private redis-server without persistence on a free port."""
+    from dagsched.daemon.broker import free_port
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    deadline = time.monotonic() + 10
+    while not redis_answers(url):
+        if time.monotonic() > deadline or proc.poll() is not None:
+            proc.terminate()
+            raise RuntimeError("redis-server did not start")
+        time.sleep(0.05)  # polling a child process's port
+    return url, proc
+
+
+def drop_redis_keys(url: str, prefix: str) -> int:
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
+        for i in range(0, len(keys), 500):
+            client.delete(*keys[i : i + 500])
+        return len(keys)
+    finally:
+        client.close()
+
+
+# -- registry -------------------------------------------------------------------------------
+
+
+def setup_registry(settings: Settings) -> tuple[Any, str, str]:
+    """(registry that timestamps champion writes, v1 = shipped champion, v2 = perturbed)."""
+    import torch
+
+    from dagsched.policy.bundle import load_bundle, save_bundle
+    from dagsched.registry.promotion import audit_experiment
+    from dagsched.registry.store import CHAMPION, SHIPPED_CHAMPION, Registry
+
+    class TimedRegistry(Registry):
+        """Records `time.time()` right after each write of the champion alias returns."""
+
+        champion_writes: list[tuple[float, str]]
+        on_champion_write: Any = None  # called right after the write (--early-notice)
+
+        def set_alias(self, alias: str, version: str) -> None:
+            super().set_alias(alias, version)
+            if alias == CHAMPION:
+                self.champion_writes.append((time.time(), version))
+                if self.on_champion_write is not None:
+                    self.on_champion_write(version)
+
+    reg = TimedRegistry(settings)
+    reg.champion_writes = []
+    v1 = reg.ensure_champion()
+    assert v1 is not None, "the shipped champion did not register"
+    audit_experiment(reg)  # created by the first promotion otherwise: not part of a switch
+    sched = load_bundle(SHIPPED_CHAMPION, "shipped", smoke=False)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in sched.model.cont_head.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * 0.01)
+    folder = settings.home / "bundle-v2"
+    save_bundle(folder, sched.model, sched.normalizer)
+    with reg.run("switch-bench-v2", {"source": "shipped + N(0, 0.01) on cont_head"}) as run:
+        v2 = reg.register_bundle(
+            folder,
+            run.run_id,
+            metrics={},
+            parent=v1,
+            data="bench/switch_time.py: perturbed shipped champion",
+            first_is_champion=False,
+        )
+    return reg, v1, v2
+
+
+# -- daemon replicas (processes) ------------------------------------------------------------
+
+_PARTITION = re.compile(r"topic='([^']*)', partition=(\d+)")
+
+
+def _ts(text: str) -> float:
+    return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+@dataclass
+class Replica:
+    """One `dagsched daemon` process and what its log lines said."""
+
+    index: int
+    proc: asyncio.subprocess.Process
+    log_path: Path
+    tasks_topic: str
+    assignments: list[tuple[float, frozenset[int]]] = field(default_factory=list)
+    swaps: list[tuple[float, str | None, str | None]] = field(default_factory=list)
+    loads: list[tuple[float, str]] = field(default_factory=list)
+    notices: list[float] = field(default_factory=list)
+    problems: list[dict[str, Any]] = field(default_factory=list)
+    started: asyncio.Event = field(default_factory=asyncio.Event)
+    reader: asyncio.Task[None] | None = None
+
+    @property
+    def serving(self) -> str | None:
+        return self.swaps[-1][2] if self.swaps else None
+
+    @property
+    def partitions(self) -> frozenset[int]:
+        return self.assignments[-1][1] if self.assignments else frozenset()
+
+    def owner_at(self, t: float) -> frozenset[int]:
+        """The tasks partitions this replica held at time `t`."""
+        held: frozenset[int] = frozenset()
+        for at, parts in self.assignments:
+            if at <= t:
+                held = parts
+        return held
+
+    async def read(self) -> None:
+        assert self.proc.stderr is not None
+        with self.log_path.open("ab") as out:
+            async for line in self.proc.stderr:
+                out.write(line)
+                try:
+                    ev = json.loads(line)
+                    t = _ts(ev["timestamp"])
+                except (ValueError, KeyError, TypeError):
+                    continue
+                self.on_event(ev, t)
+
+    def on_event(self, ev: dict[str, Any], t: float) -> None:
+        name = ev.get("event")
+        if name == "partitions.assigned":
+            parts = frozenset(
+                int(p)
+                for s in ev.get("partitions", [])
+                for topic, p in _PARTITION.findall(s)
+                if topic == self.tasks_topic
+            )
+            self.assignments.append((t, parts))
+        elif name == "partitions.revoked":
+            self.assignments.append((t, frozenset()))
+        elif name == "model.swapped" and ev.get("arm") == "champion":
+            self.swaps.append((t, ev.get("old"), ev.get("new")))
+        elif name == "model.loaded" and ev.get("arm") == "champion":
+            self.loads.append((t, str(ev.get("version"))))
+        elif name == "model.notice":
+            self.notices.append(t)
+        elif name == "daemon.started":
+            self.started.set()
+        elif ev.get("level") in ("warning", "error", "critical"):
+            self.problems.append({"at": t, "event": name, "level": ev.get("level")})
+
+
+def replica_env(index: int, settings: Settings, torch_threads: int | None) -> dict[str, str]:
+    """Each replica has its own home (own bundle cache, as on its own host) and reads the
+    bench's MLflow store."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DAGSCHED_")}
+    if torch_threads is not None:
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(torch_threads)
+    env.update(
+        {
+            "DAGSCHED_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
+            "DAGSCHED_REDIS_URL": settings.redis_url,
+            "DAGSCHED_TOPIC_PREFIX": settings.topic_prefix,
+            "DAGSCHED_HOME": str(settings.home / f"replica-{index}"),
+            "DAGSCHED_MLFLOW_TRACKING_URI": f"sqlite:///{settings.home / 'mlflow.db'}",
+            "DAGSCHED_LOG_LEVEL": "INFO",
+            "DAGSCHED_LOG_JSON": "true",
+            "MLFLOW_DISABLE_TELEMETRY": "true",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    return env
+
+
+async def start_replica(
+    index: int, settings: Settings, logs: Path, torch_threads: int | None
+) -> Replica:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "dagsched.cli.main",
+        "daemon",
+        "--metrics-port",
+        "0",
+        cwd=str(REPO),
+        env=replica_env(index, settings, torch_threads),
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+        limit=1 << 22,
+    )
+    r = Replica(index, proc, logs / f"daemon-{index}.log", settings.topic("tasks"))
+    r.reader = asyncio.create_task(r.read())
+    return r
+
+
+async def stop_replica(r: Replica, timeout: float = 30.0) -> int | None:
+    if r.proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            r.proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(r.proc.wait(), timeout)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                r.proc.kill()
+            await r.proc.wait()
+    if r.reader is not None:
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(r.reader, 5)
+    return r.proc.returncode
+
+
+async def wait_until(cond: Any, timeout: float, what: str, replicas: list[Replica]) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        for r in replicas:
+            if r.proc.returncode is not None:
+                raise RuntimeError(f"daemon {r.index} exited ({r.proc.returncode}): {r.log_path}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}")
+        await asyncio.sleep(0.02)  # log lines arrive on the reader tasks
+
+
+# -- the topics, read from the beginning ----------------------------------------------------
+
+
+@dataclass
+class Decision:
+    raw: bytes
+    partition: int
+    version: str
+    arm: str
+    decided_at: float
+
+
+class Watch:
+    """Reads `tasks` (to know what was asked) and `decisions` from the start."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.s = settings
+        self.asked: set[tuple[str, int, int]] = set()
+        self.ready_msgs = 0
+        self.wf_partition: dict[str, int] = {}
+        self.decisions: dict[tuple[str, int, int], list[Decision]] = defaultdict(list)
+        self.records = 0
+        self.undecodable = 0
+        self.consumer: Any = None
+
+    async def start(self) -> None:
+        from aiokafka import AIOKafkaConsumer, TopicPartition
+
+        c = AIOKafkaConsumer(
+            bootstrap_servers=self.s.kafka_bootstrap,
+            enable_auto_commit=False,
+            fetch_max_wait_ms=5,
+            auto_offset_reset="earliest",
+        )
+        await c.start()
+        parts = range(self.s.topics.partitions)
+        tps = [TopicPartition(self.s.topic(n), p) for n in ("tasks", "decisions") for p in parts]
+        c.assign(tps)
+        await c.seek_to_beginning(*tps)
+        self.consumer = c
+        self.tps = tps
+
+    async def pump(self) -> None:
+        while True:
+            await self.poll(100)
+
+    async def poll(self, timeout_ms: int) -> int:
+        from dagsched.schemas.messages import BadMessage, DecisionMsg, TaskReadyMsg, WorkflowMsg
+        from dagsched.schemas.messages import decode as decode_msg
+
+        got = await self.consumer.getmany(timeout_ms=timeout_ms, max_records=5000)
+        n = 0
+        decisions_topic = self.s.topic("decisions")
+        for tp, recs in got.items():
+            for r in recs:
+                n += 1
+                try:
+                    m = decode_msg(r.value)
+                except BadMessage:
+                    self.undecodable += 1
+                    continue
+                if tp.topic == decisions_topic and isinstance(m, DecisionMsg):
+                    self.records += 1
+                    self.decisions[(m.workflow_id, m.task, m.attempt)].append(
+                        Decision(r.value, tp.partition, m.model_version, m.arm, m.decided_at)
+                    )
+                elif isinstance(m, TaskReadyMsg):
+                    self.ready_msgs += 1
+                    self.asked.add((m.workflow_id, m.task, m.attempt))
+                elif isinstance(m, WorkflowMsg):
+                    self.wf_partition[m.workflow_id] = tp.partition
+        return n
+
+    async def drain(self) -> None:
+        """Read until the end offsets seen now."""
+        ends = await self.consumer.end_offsets(self.tps)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            positions = [await self.consumer.position(tp) for tp in self.tps]
+            if all(p >= ends[tp] for p, tp in zip(positions, self.tps, strict=True)):
+                return
+            await self.poll(100)
+
+    async def close(self) -> None:
+        if self.consumer is not None:
+            await self.consumer.stop()
+
+
+# -- traffic --------------------------------------------------------------------------------
+
+
+async def traffic(
+    settings: Settings, workflows: int, until: asyncio.Event, out: list[dict[str, Any]]
+) -> None:
+    """Back-to-back replays until `until` is set (the running one always finishes)."""
+    from dagsched.daemon.replay import ReplayConfig, ReplayError, replay
+
+    seed = 0
+    while True:
+        t = time.time()
+        try:
+            r = await replay(settings, ReplayConfig(workflows=workflows, seed=seed))
+        except ReplayError as exc:
+            out.append({"seed": seed, "started": t, "error": str(exc)})
+            return
+        keep = (
+            "workflows_failed",
+            "tasks_sent",
+            "decisions_received",
+            "duplicates",
+            "rejected",
+            "dead_letters",
+            "wall_s",
+        )
+        out.append(
+            {
+                "seed": seed,
+                "started": t,
+                "ended": time.time(),
+                "workflows_ended": r.get("workflows"),
+                **{k: r.get(k) for k in keep},
+            }
+        )
+        seed += 1
+        if until.is_set():
+            return
+
+
+def traffic_worker(args: argparse.Namespace) -> None:
+    """`--traffic-worker`: replays until SIGTERM, then one JSON list of results on stdout."""
+    s = load_settings(
+        None,
+        {"kafka_bootstrap": args.bootstrap, "redis_url": args.redis_url,
+         "topic_prefix": args.prefix, "home": args.home, "log_level": "WARNING"},
+        environ={},
+    )  # fmt: skip
+
+    async def main() -> list[dict[str, Any]]:
+        until = asyncio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, until.set)
+        out: list[dict[str, Any]] = []
+        await traffic(s, args.workflows, until, out)
+        return out
+
+    print(json.dumps(asyncio.run(main())))
+
+
+class Traffic:
+    """The replays in their own process, so they do not share a GIL with the promotion."""
+
+    def __init__(self, settings: Settings, workflows: int) -> None:
+        self.s = settings
+        self.workflows = workflows
+        self.proc: asyncio.subprocess.Process | None = None
+        self.results: list[dict[str, Any]] = []
+
+    async def start(self) -> None:
+        s = self.s
+        log = (s.home / "traffic.log").open("ab")
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable, __file__, "--traffic-worker", "--bootstrap", s.kafka_bootstrap,
+            "--redis-url", s.redis_url, "--prefix", s.topic_prefix, "--home", str(s.home),
+            "--workflows", str(self.workflows),
+            cwd=str(REPO), stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=log, env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"},
+        )  # fmt: skip
+        log.close()
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None
+
+    async def finish(self, timeout: float = 120.0) -> list[dict[str, Any]]:
+        """Let the replay in flight finish, then collect every result."""
+        if self.proc is None:
+            return []
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signal.SIGTERM)
+        try:
+            out, _ = await asyncio.wait_for(self.proc.communicate(), timeout)
+        except TimeoutError:
+            self.proc.kill()
+            await self.proc.wait()
+            return [{"error": f"the traffic process did not finish within {timeout:g} s"}]
+        try:
+            self.results = json.loads(out.decode().strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            self.results = [{"error": f"the traffic process exited {self.proc.returncode}"}]
+        return self.results
+
+
+# -- the run --------------------------------------------------------------------------------
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    from dagsched.daemon.broker import embedded_broker
+    from dagsched.registry.promotion import Promoter, redis_notifier
+    from dagsched.registry.serving import model_channel
+
+    console = Console(stderr=True)
+    home = Path(tempfile.mkdtemp(prefix="dagsched-switch-"))
+    prefix = f"bench-switch-{uuid.uuid4().hex[:8]}."
+    redis_url, redis_proc = args.redis_url, None
+    if not redis_answers(redis_url):
+        redis_url, redis_proc = start_redis()
+    settings = load_settings(
+        None,
+        {
+            "home": str(home),
+            "topic_prefix": prefix,
+            "redis_url": redis_url,
+            "log_level": "WARNING",
+            "daemon.metrics_port": 0,
+        },
+        environ={},
+    )
+    replicas: list[Replica] = []
+    watch: Watch | None = None
+    flow: Traffic | None = None
+    wall0, load0 = time.monotonic(), os.getloadavg()[0]
+    try:
+        async with embedded_broker(settings) as broker:
+            s = settings.model_copy(update={"kafka_bootstrap": broker.bootstrap})
+            console.log(f"broker {broker.bootstrap}, redis {redis_url}, home {home}")
+            reg, v1, v2 = await asyncio.to_thread(setup_registry, s)
+            console.log(f"registry: champion v{v1} (shipped), v{v2} (perturbed)")
+            watch = Watch(s)
+            await watch.start()
+            pump = asyncio.create_task(watch.pump())
+            replicas = [
+                await start_replica(i, s, home, args.torch_threads) for i in range(args.daemons)
+            ]
+            n_parts = s.topics.partitions
+
+            def ready() -> bool:
+                held = [r.partitions for r in replicas]
+                return (
+                    all(r.serving == f"v{v1}" for r in replicas)
+                    and all(held)
+                    and len(frozenset().union(*held)) == n_parts
+                    and sum(len(h) for h in held) == n_parts
+                )
+
+            await wait_until(
+                ready, 180, "the replicas to serve v1 and share the partitions", replicas
+            )
+            console.log(
+                "replicas ready: "
+                + ", ".join(f"#{r.index} {sorted(r.partitions)}" for r in replicas)
+                + f" ({time.monotonic() - wall0:.0f} s)"
+            )
+
+            notices: list[float] = []
+            publish = redis_notifier(redis_url, model_channel(s))
+
+            def notify(message: str) -> None:
+                notices.append(time.time())
+                publish(message)
+
+            promoter = Promoter(reg, notify=notify)
+            if args.early_notice:  # the proposed order: the notice right after the alias write
+                reg.on_champion_write = lambda v: notify(json.dumps({"version": v, "early": 1}))
+            flow = Traffic(s, args.workflows)
+            await flow.start()
+            await wait_until(lambda: watch.ready_msgs > 0, 120, "the first task", replicas)
+            await asyncio.sleep(args.interval)  # traffic flows before the first switch
+            switches: list[dict[str, Any]] = []
+            current, other = v1, v2
+            for k in range(args.switches):
+                if not flow.running:
+                    break
+                before = len(reg.champion_writes)
+                t_call = time.time()
+                await asyncio.to_thread(
+                    promoter.promote,
+                    other,
+                    "switch-time benchmark",
+                    "bench/switch_time.py",
+                    {"switch": k},
+                )
+                t_return = time.time()
+                t0, written = reg.champion_writes[before]
+                assert written == other
+                want = f"v{other}"
+
+                def swapped(r: Replica, want: str = want, t0: float = t0) -> bool:
+                    return any(t >= t0 and new == want for t, _, new in r.swaps)
+
+                timed_out = False
+                try:
+                    await wait_until(
+                        lambda: all(swapped(r) for r in replicas),
+                        SWITCH_TIMEOUT_S,
+                        f"switch {k} to {want}",
+                        replicas,
+                    )
+                except TimeoutError:
+                    timed_out = True
+                switches.append(
+                    {
+                        "index": k,
+                        "from": f"v{current}",
+                        "to": want,
+                        "t_call": t_call,
+                        "t0": t0,
+                        "t_notice_sent": min((n for n in notices if n >= t0), default=None),
+                        "t_return": t_return,
+                        "timed_out": timed_out,
+                    }
+                )
+                console.log(f"switch {k}: v{current} -> {want}")
+                current, other = other, current
+                await asyncio.sleep(max(0.0, t0 + args.interval - time.time()))
+            replays = await flow.finish()
+            await asyncio.sleep(0.5)
+            await watch.drain()
+            pump.cancel()
+            with contextlib.suppress(BaseException):
+                await pump
+            codes = [await stop_replica(r) for r in replicas]
+            doc = analyse(args, s, replicas, watch, switches, replays, (v1, v2))
+            doc["setup"]["daemon_exit_codes"] = codes
+            doc["setup"]["redis"] = "private redis-server" if redis_proc else "settings.redis_url"
+            doc["wall_s"] = round(time.monotonic() - wall0, 1)
+            doc["setup"]["load_avg_1m_start"] = load0
+            return doc
+    finally:
+        if flow is not None and flow.proc is not None and flow.running:
+            flow.proc.kill()
+            await flow.proc.wait()
+        for r in replicas:
+            await stop_replica(r)
+        if watch is not None:
+            await watch.close()
+        with contextlib.suppress(Exception):
+            drop_redis_keys(redis_url, prefix)
+        if redis_proc is not None:
+            redis_proc.terminate()
+            redis_proc.wait(10)
+        if args.keep_home:
+            console.log(f"kept {home}")
+        else:
+            shutil.rmtree(home, ignore_errors=True)
+
+
+# -- analysis -------------------------------------------------------------------------------
+
+
+def _first(items: list[float], after: float, before: float) -> float | None:
+    found = [t for t in items if after <= t < before]
+    return min(found) if found else None
+
+
+def analyse(
+    args: argparse.Namespace,
+    s: Settings,
+    replicas: list[Replica],
+    watch: Watch,
+    switches: list[dict[str, Any]],
+    replays: list[dict[str, Any]],
+    versions: tuple[str, str],
+) -> dict[str, Any]:
+    inf = float("inf")
+
+    def owner(key: tuple[str, int, int], d: Decision) -> int | None:
+        """The replica that held the decision's partition at `decided_at` (None: unclear)."""
+        part = watch.wf_partition.get(key[0], d.partition)
+        held = [r.index for r in replicas if part in r.owner_at(d.decided_at)]
+        return held[0] if len(held) == 1 else None
+
+    # every decision record: (key, decision, replica)
+    flat = [(k, d, owner(k, d)) for k, ds in watch.decisions.items() for d in ds]
+
+    for i, sw in enumerate(switches):
+        t0 = sw["t0"]
+        nxt = switches[i + 1]["t0"] if i + 1 < len(switches) else inf
+        per: list[dict[str, Any]] = []
+        for r in replicas:
+            swap = _first([t for t, _, new in r.swaps if new == sw["to"]], t0, nxt)
+            loaded = _first([t for t, v in r.loads if v == sw["to"]], t0, nxt)
+            notice = _first(r.notices, t0, nxt)
+            first = _first(
+                [d.decided_at for _, d, o in flat if o == r.index and d.version == sw["to"]],
+                t0,
+                nxt,
+            )
+            per.append(
+                {
+                    "replica": r.index,
+                    "notice_received_s": None if notice is None else notice - t0,
+                    "loaded_s": None if loaded is None else loaded - t0,
+                    "switch_s": None if swap is None else swap - t0,
+                    "first_decision_s": None if first is None else first - t0,
+                    "loaded_to_swapped_s": None
+                    if swap is None or loaded is None
+                    else swap - loaded,
+                    "via": _via(notice, loaded),
+                    "t_swapped": swap,
+                }
+            )
+        sw["replicas"] = per
+        times = [p["switch_s"] for p in per]
+        sw["switch_s"] = None if None in times else max(times)
+        firsts = [p["first_decision_s"] for p in per]
+        sw["first_decision_s"] = None if None in firsts else max(firsts)
+        sw["t_all_swapped"] = None if sw["switch_s"] is None else t0 + sw["switch_s"]
+        sent = sw["t_notice_sent"]
+        sw["alias_to_notice_s"] = None if sent is None else sent - t0
+
+    # integrity: lost, decided twice, and the version each decision may name
+    asked, decided = watch.asked, set(watch.decisions)
+    lost = sorted(asked - decided)
+    twice = sorted(k for k, ds in watch.decisions.items() if len({d.raw for d in ds}) > 1)
+    reemits = sum(len(ds) - 1 for ds in watch.decisions.values())
+    old = f"v{versions[0]}"
+    bad_version: list[dict[str, Any]] = []
+    for key, d, o in flat:
+        allowed = {old}
+        for sw in switches:
+            if d.decided_at < sw["t0"]:
+                break
+            mine = [p["t_swapped"] for p in sw["replicas"] if p["replica"] == o]
+            swap = mine[0] if mine else sw["t_all_swapped"]  # unattributed: all must have swapped
+            if swap is not None and d.decided_at >= swap:
+                allowed = {sw["to"]}
+            else:
+                allowed = allowed | {sw["to"]}
+        if d.arm != "champion" or d.version not in allowed:
+            bad_version.append(
+                {"key": list(key), "version": d.version, "arm": d.arm, "replica": o,
+                 "decided_at": d.decided_at, "allowed": sorted(allowed)}
+            )  # fmt: skip
+    by_version: dict[str, int] = defaultdict(int)
+    by_replica: dict[str, int] = defaultdict(int)
+    for _, d, o in flat:
+        by_version[f"{d.arm}:{d.version}"] += 1
+        by_replica["unattributed" if o is None else f"daemon {o}"] += 1
+    partition_mismatch = sum(
+        1
+        for (wf, _, _), d, _ in flat
+        if wf in watch.wf_partition and d.partition != watch.wf_partition[wf]
+    )
+    failed = [r for r in replays if "error" in r]
+    incomplete = [r for r in replays if "error" not in r and r["workflows_ended"] != args.workflows]
+
+    done = [sw["switch_s"] for sw in switches if sw["switch_s"] is not None]
+    firsts = [sw["first_decision_s"] for sw in switches if sw["first_decision_s"] is not None]
+    per_replica = [
+        p["switch_s"] for sw in switches for p in sw["replicas"] if p["switch_s"] is not None
+    ]
+    summary = {
+        "switches": len(switches),
+        "switched": len(done),
+        "switch_s_p50": statistics.median(done) if done else None,
+        "switch_s_max": max(done) if done else None,
+        "switch_s_mean": statistics.fmean(done) if done else None,
+        "per_replica_switch_s_p50": statistics.median(per_replica) if per_replica else None,
+        "alias_to_notice_s_p50": _median([sw["alias_to_notice_s"] for sw in switches]),
+        "notice_to_swapped_s_p50": _median(
+            [p["switch_s"] - p["notice_received_s"] for sw in switches for p in sw["replicas"]
+             if p["switch_s"] is not None and p["notice_received_s"] is not None]
+        ),
+        "loaded_to_swapped_s_p50": _median(
+            [p["loaded_to_swapped_s"] for sw in switches for p in sw["replicas"]]
+        ),
+        "loads_via": {
+            str(v or "no load"): sum(p["via"] == v for sw in switches for p in sw["replicas"])
+            for v in ("notice", "poll", "poll (notice missed)", None)
+        },
+        "first_decision_s_p50": statistics.median(firsts) if firsts else None,
+        "first_decision_s_max": max(firsts) if firsts else None,
+        "within_target": sum(t <= TARGET_S for t in done),
+        "target_s": TARGET_S,
+        "meets_target": bool(done) and len(done) == len(switches) and max(done) <= TARGET_S,
+    }  # fmt: skip
+    integrity = {
+        "task_ready_messages": watch.ready_msgs,
+        "tasks_asked": len(asked),
+        "tasks_decided": len(decided),
+        "decision_records": watch.records,
+        "decisions_by_version": dict(by_version),
+        "decisions_by_replica": dict(by_replica),
+        "lost": len(lost),
+        "lost_examples": [list(k) for k in lost[:10]],
+        "decided_without_ask": len(decided - asked),
+        "identical_reemits": reemits - len(twice),
+        "decided_twice": len(twice),
+        "decided_twice_examples": [list(k) for k in twice[:10]],
+        "wrong_version": len(bad_version),
+        "wrong_version_examples": bad_version[:10],
+        "decision_partition_differs_from_task_partition": partition_mismatch,
+        "undecodable_records": watch.undecodable,
+        "replays": len(replays),
+        "replays_failed": len(failed),
+        "replays_incomplete": len(incomplete),
+        "workflows_replayed": sum(r.get("workflows_ended") or 0 for r in replays),
+        "ok": not (lost or twice or bad_version or failed or incomplete),
+    }
+    return {
+        "benchmark": "switch_time",
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "setup": {
+            "replicas": "separate `dagsched daemon` processes (python -m dagsched.cli.main daemon)",
+            "daemons": args.daemons,
+            "switches_requested": args.switches,
+            "interval_s": args.interval,
+            "experiment_early_notice": args.early_notice,
+            "experiment_torch_threads": args.torch_threads,
+            "workflows_per_replay": args.workflows,
+            "partitions": s.topics.partitions,
+            "reload_poll_s": s.daemon.reload_poll_s,
+            "batch_max": s.daemon.batch_max,
+            "batch_wait_ms": s.daemon.batch_wait_ms,
+            "fetch_max_wait_ms": s.daemon.fetch_max_wait_ms,
+            "cluster_nodes": s.sim.cluster.n_nodes,
+            "profile": "code defaults + configs/default.yaml",
+            "broker": "embedded Tansu (memory)",
+            "registry": "MLflow SQLite in a temporary home",
+            "versions": {
+                "old": f"{old} (shipped champion)",
+                "new": f"v{versions[1]} (shipped + N(0, 0.01) on cont_head)",
+            },
+            "t0": "time.time() right after Registry.set_alias('champion') returns in promote",
+            "serving": "the replica's model.swapped log line (its next batch uses the version)",
+            "git": git_state(),
+            "python": platform.python_version(),
+            "machine": platform.machine(),
+            "cpu_count": os.cpu_count(),
+            "load_avg_1m_end": os.getloadavg()[0],
+        },
+        "summary": summary,
+        "integrity": integrity,
+        "switches": switches,
+        "replays": replays,
+        "assignments": [
+            {"replica": r.index, "assignments": [[a, sorted(p)] for a, p in r.assignments]}
+            for r in replicas
+        ],
+        "replica_warnings": [{"replica": r.index, **p} for r in replicas for p in r.problems[:20]],
+    }
+
+
+def git_state() -> dict[str, Any]:
+    """The commit measured and the files that differed from it (a dirty tree is measured as is)."""
+
+    def git(*argv: str) -> str:
+        try:
+            done = subprocess.run(["git", *argv], cwd=REPO, capture_output=True, text=True)
+        except OSError:
+            return ""
+        return done.stdout.rstrip()
+
+    return {
+        "commit": git("rev-parse", "HEAD").strip(),
+        "modified": [ln[3:] for ln in git("status", "--porcelain").splitlines() if ln[:2] != "??"],
+    }
+
+
+def _via(notice: float | None, loaded: float | None) -> str | None:
+    """What made the replica load: the Redis notice, or its poll (a late load after a notice
+    means the notice did not wake the check)."""
+    if loaded is None:
+        return None
+    if notice is None or loaded < notice:
+        return "poll"
+    return "poll (notice missed)" if loaded - notice > MISSED_NOTICE_S else "notice"
+
+
+def _median(xs: list[float | None]) -> float | None:
+    vals = [x for x in xs if x is not None]
+    return statistics.median(vals) if vals else None
+
+
+# -- output ---------------------------------------------------------------------------------
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1000:.0f}"
+
+
+def show(doc: dict[str, Any]) -> None:
+    console = Console()
+    n = doc["setup"]["daemons"]
+    table = Table(
+        title="switch time (ms after the alias write): per replica swapped / first decision"
+    )
+    for col in (
+        "#",
+        "from -> to",
+        "alias->notice",
+        *[f"daemon {i}" for i in range(n)],
+        "max",
+        "first dec. max",
+    ):
+        table.add_column(col, justify="right")
+    for sw in doc["switches"]:
+        cells = [f"{_ms(p['switch_s'])} / {_ms(p['first_decision_s'])}" for p in sw["replicas"]]
+        table.add_row(
+            str(sw["index"]),
+            f"{sw['from']} -> {sw['to']}",
+            _ms(sw["alias_to_notice_s"]),
+            *cells,
+            _ms(sw["switch_s"]),
+            _ms(sw["first_decision_s"]),
+        )
+    console.print(table)
+    sm, it = doc["summary"], doc["integrity"]
+    summary = Table(title="summary")
+    summary.add_column("measure")
+    summary.add_column("value", justify="right")
+    rows = [
+        ("switches done / requested", f"{sm['switched']} / {sm['switches']}"),
+        ("switch time p50 (ms)", _ms(sm["switch_s_p50"])),
+        ("switch time max (ms)", _ms(sm["switch_s_max"])),
+        (f"switches <= {sm['target_s']:g} s", f"{sm['within_target']} / {sm['switches']}"),
+        ("  alias write -> notice sent, p50 (ms)", _ms(sm["alias_to_notice_s_p50"])),
+        ("  notice received -> swapped, p50 (ms)", _ms(sm["notice_to_swapped_s_p50"])),
+        ("  of which loaded -> swapped, p50 (ms)", _ms(sm["loaded_to_swapped_s_p50"])),
+        (
+            "loads via notice / poll / missed notice",
+            " / ".join(str(sm["loads_via"][v]) for v in ("notice", "poll", "poll (notice missed)")),
+        ),
+        (
+            "first new decision p50 / max (ms)",
+            f"{_ms(sm['first_decision_s_p50'])} / {_ms(sm['first_decision_s_max'])}",
+        ),
+        ("decisions (distinct task attempts)", str(it["tasks_decided"])),
+        ("decision records (incl. re-emits)", str(it["decision_records"])),
+        ("tasks asked (task_ready)", str(it["tasks_asked"])),
+        ("lost (asked, never decided)", str(it["lost"])),
+        ("decided twice (different decisions)", str(it["decided_twice"])),
+        ("identical re-emits", str(it["identical_reemits"])),
+        ("decisions naming a wrong version", str(it["wrong_version"])),
+        (
+            "replays complete / incomplete / failed",
+            f"{it['replays'] - it['replays_failed'] - it['replays_incomplete']}"
+            f" / {it['replays_incomplete']} / {it['replays_failed']}",
+        ),
+        ("workflows replayed", str(it["workflows_replayed"])),
+        ("wall (s)", f"{doc['wall_s']:.0f}"),
+        (
+            f"load average 1 min, start / end ({os.cpu_count()} cores)",
+            f"{doc['setup']['load_avg_1m_start']:.1f} / {doc['setup']['load_avg_1m_end']:.1f}",
+        ),
+    ]
+    for k, v in rows:
+        summary.add_row(k, v)
+    console.print(summary)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--switches", type=int, default=8)
+    ap.add_argument("--daemons", type=int, default=2)
+    ap.add_argument("--interval", type=float, default=2.5, help="seconds between alias moves")
+    ap.add_argument("--workflows", type=int, default=12, help="workflows per replay")
+    ap.add_argument("--redis-url", default=DEFAULT_REDIS)
+    ap.add_argument(
+        "--early-notice",
+        action="store_true",
+        help="experiment: also publish the Redis notice right after the alias write "
+        "(promote publishes it only after the audit record)",
+    )
+    ap.add_argument(
+        "--torch-threads",
+        type=int,
+        default=None,
+        help="experiment: OMP_NUM_THREADS for the replicas (default: torch's own choice)",
+    )
+    ap.add_argument("--keep-home", action="store_true", help="keep the temporary home and logs")
+    ap.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    ap.add_argument("--traffic-worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--bootstrap", help=argparse.SUPPRESS)
+    ap.add_argument("--prefix", help=argparse.SUPPRESS)
+    ap.add_argument("--home", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"
+    from dagsched.logging import configure_logging
+
+    configure_logging("WARNING", json=False)  # stderr: stdout is the traffic worker's result
+    if args.traffic_worker:
+        traffic_worker(args)
+        return
+    doc = asyncio.run(run(args))
+    show(doc)
+    args.out.mkdir(parents=True, exist_ok=True)
+    name = "switch_time"
+    if args.early_notice:
+        name += "_early_notice"
+    if args.torch_threads is not None:
+        name += f"_torch{args.torch_threads}"
+    (args.out / f"{name}.json").write_text(json.dumps(doc, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
