@@ -25,9 +25,9 @@ def alias_version(settings: Settings, alias: str) -> str | None:
 
     try:
         reg = Registry(settings)
-        if alias == CHAMPION:
-            reg.ensure_champion()
         version = reg.alias_version(alias)
+        if version is None and alias == CHAMPION:  # only then: it searches every version
+            version = reg.ensure_champion()
         return None if version is None else f"v{version}"
     except RegistryError:
         raise
