@@ -1,6 +1,9 @@
-"""Shared fixtures: a tiny fitted normalizer and fresh models (policy and registry tests)."""
+"""Shared fixtures: a tiny fitted normalizer, fresh models, and one Redis for the session."""
 
 from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -10,6 +13,7 @@ from dagsched.learner.train import demonstrations
 from dagsched.policy.model import ActorCritic
 from dagsched.policy.normalizer import FeatureNormalizer
 from dagsched.sim.config import ScenarioConfig
+from tests.redis_server import DEFAULT_REDIS, RedisServer
 
 
 @pytest.fixture(scope="session")
@@ -24,3 +28,17 @@ def normalizer() -> FeatureNormalizer:
 def model() -> ActorCritic:
     torch.manual_seed(0)
     return ActorCritic().eval()
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """A private redis-server when one is installed (`make setup` installs it), else the
+    local default. Tests prefix their keys and channels, so sharing it is safe."""
+    if shutil.which("redis-server") is None:
+        yield DEFAULT_REDIS
+        return
+    server = RedisServer().start()
+    try:
+        yield server.url
+    finally:
+        server.stop()

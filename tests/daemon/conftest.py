@@ -4,8 +4,6 @@ and per-test isolation by a unique topic prefix (which also prefixes Redis keys 
 from __future__ import annotations
 
 import asyncio
-import shutil
-import subprocess
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -17,7 +15,7 @@ import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from dagsched.daemon.broker import TansuBroker, ensure_topics, free_port
+from dagsched.daemon.broker import TansuBroker, ensure_topics
 from dagsched.daemon.redis_state import RedisState
 from dagsched.daemon.service import Daemon
 from dagsched.schemas.messages import (
@@ -35,74 +33,12 @@ FAST_GROUP = {
     "heartbeat_interval_ms": 200,
     "rebalance_timeout_ms": 1000,
 }
-DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
-
-
-class RedisServer:
-    """A private `redis-server` (no persistence) on a fixed port that tests may stop/restart."""
-
-    def __init__(self, port: int | None = None) -> None:
-        self.port = port or free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> RedisServer:
-        self.proc = subprocess.Popen(
-            [
-                "redis-server",
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        import redis
-
-        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                client.ping()
-                return self
-            except redis.ConnectionError:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    raise RuntimeError("redis-server did not start") from None
-                time.sleep(0.02)  # polling a child process's port
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.terminate()
-            self.proc.wait(10)
-            self.proc = None
 
 
 @pytest.fixture(scope="session")
 def broker() -> Iterator[TansuBroker]:
     with TansuBroker() as b:
         yield b
-
-
-@pytest.fixture(scope="session")
-def redis_url() -> Iterator[str]:
-    """A private redis-server when one is installed, else the local default (keys are
-    prefixed per test, so sharing it is safe)."""
-    if shutil.which("redis-server") is None:
-        yield DEFAULT_REDIS
-        return
-    server = RedisServer().start()
-    try:
-        yield server.url
-    finally:
-        server.stop()
 
 
 def make_settings(bootstrap: str, redis_url: str, home: Path, **overrides: Any) -> Settings:

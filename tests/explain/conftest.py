@@ -5,11 +5,9 @@ the way the daemon does."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +23,6 @@ from dagsched.sim.config import ScenarioConfig
 from dagsched.sim.engine import Simulator
 from dagsched.sim.runner import make_policy, stream_workflows
 from dagsched.sim.view import cluster_view, task_view
-from tests.daemon.conftest import DEFAULT_REDIS, RedisServer
 
 REPO = Path(__file__).resolve().parents[2]
 CHAMPION = REPO / "models" / "champion"
@@ -55,18 +52,6 @@ def champion() -> GNNScheduler:
 @pytest.fixture(scope="session")
 def sim_obs() -> tuple[Observation, list[str]]:
     return sim_observation()
-
-
-@pytest.fixture(scope="session")
-def redis_url() -> Iterator[str]:
-    if shutil.which("redis-server") is None:
-        yield DEFAULT_REDIS
-        return
-    server = RedisServer().start()
-    try:
-        yield server.url
-    finally:
-        server.stop()
 
 
 @dataclass

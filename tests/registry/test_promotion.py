@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import shutil
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,19 +18,6 @@ from dagsched.registry.promotion import Promoter, audit_trail
 from dagsched.registry.serving import model_channel
 from dagsched.registry.store import CHALLENGER, CHAMPION, PREVIOUS, Registry
 from dagsched.settings import load_settings
-from tests.daemon.conftest import RedisServer
-
-
-@pytest.fixture(scope="module")
-def redis_url() -> Iterator[str]:
-    if shutil.which("redis-server") is None:  # `make setup` installs it; else the local one
-        yield "redis://127.0.0.1:6379/0"
-        return
-    server = RedisServer().start()
-    try:
-        yield server.url
-    finally:
-        server.stop()
 
 
 @pytest.fixture
