@@ -2,7 +2,7 @@
 test, the guardrail after a promotion, and the Redis lease that lets one evaluator act.
 
 A workflow is one sample: SLA 1 when every task finished by `arrival + deadline`, 0 when it
-failed (a task failed on its last allowed attempt) or finished late; reward = mean reward of
+failed (a task failed more than its `max_retries` times) or finished late; reward = mean reward of
 its attempts. Workflows are counted for the arm and version that decided their first task.
 """
 
@@ -38,6 +38,7 @@ class _Tally:
     version: str
     rewards: list[float] = field(default_factory=list)
     done: set[int] = field(default_factory=set)
+    failures: dict[int, int] = field(default_factory=dict)  # task -> failed attempts
     last_end: float = 0.0
     failed: bool = False
 
@@ -68,7 +69,9 @@ class WorkflowOutcomes:
         t.rewards.append(j.reward)
         task = int(j.key[0].rsplit("/", 1)[1])
         if j.failed:
-            if j.key[1] + 1 >= j.max_retries:
+            # as the simulator does: a task may fail max_retries times and still be retried
+            t.failures[task] = t.failures.get(task, 0) + 1
+            if t.failures[task] > j.max_retries:
                 t.failed = True
         else:
             t.done.add(task)

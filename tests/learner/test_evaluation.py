@@ -37,8 +37,10 @@ def test_a_workflow_is_one_sample_when_all_tasks_finish_or_one_fails_for_good() 
     assert outcomes.add(_joined("wf-1", 0, 10)) is None
     s = outcomes.add(_joined("wf-1", 1, 60))
     assert s is not None and (s.sla, s.arm, s.version) == (0.0, "challenger", "v2")  # late
-    assert outcomes.add(_joined("wf-2", 0, 5, failed=True)) is None  # a retry is allowed
-    s = outcomes.add(_joined("wf-2", 0, 9, failed=True, attempt=1))
+    # max_retries=2: two failures are retried, the third ends the workflow (as in the simulator)
+    assert outcomes.add(_joined("wf-2", 0, 5, failed=True)) is None
+    assert outcomes.add(_joined("wf-2", 0, 7, failed=True, attempt=1)) is None
+    s = outcomes.add(_joined("wf-2", 0, 9, failed=True, attempt=2))
     assert s is not None and s.sla == 0.0 and s.reward == -0.5
 
 
