@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import zlib
 from collections.abc import Callable
 
 import redis.asyncio as aioredis
@@ -23,6 +22,7 @@ from dagsched.policy.api import Scheduler
 from dagsched.policy.heuristic import LeastLoadedScheduler
 from dagsched.registry import serving
 from dagsched.registry.errors import RegistryError
+from dagsched.schemas.ab import workflow_bucket
 from dagsched.settings import Settings
 
 log = structlog.get_logger(__name__)
@@ -31,11 +31,6 @@ ARMS = ("champion", "challenger")
 Loaded = tuple[str, Scheduler]
 Loader = Callable[[Settings, str], "Loaded | None"]
 VersionOf = Callable[[Settings, str], "str | None"]
-
-
-def workflow_bucket(workflow_id: str) -> float:
-    """A stable number in [0, 1) per workflow id: the A/B split."""
-    return zlib.crc32(workflow_id.encode()) / 2**32
 
 
 def make_fallback(name: str) -> Scheduler:

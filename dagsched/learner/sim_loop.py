@@ -1,0 +1,242 @@
+"""The online-learning loop played inside the simulator (no Kafka, Redis or MLflow).
+
+`SimLoop` is a simulator `Policy` that serves like the daemon and learns like the services:
+
+- **Serving.** Workflows are split by `workflow_bucket(id) < share` between the champion and,
+  when there is one, the challenger (the daemon's split, `dagsched.schemas.ab`, picked per
+  task, so a workflow's later tasks go to a challenger that appears mid-way); both serve
+  deterministically from one cluster view per batch, as the daemon does.
+- **Learner.** Every attempt's outcome (the simulator's own reward) is joined with what decided
+  it (raw observation, unit action, log-prob clipped at 0 as on the wire, node index, arm,
+  version) into a `Joined`; every `every_n` completed attempts, `finetune_heads` runs on the
+  replay window, starting from the current challenger when its parent is the current champion,
+  else from the champion (the KL limit is to the champion), and the result becomes the
+  challenger. As in the services, a due round waits while a challenger is under test, unless
+  `replace_challenger` (then every round replaces it and restarts the test).
+- **Evaluator.** One `Sample` per finished workflow (SLA met, mean reward, arm and version of its
+  first decided task) goes to a `Judge`; promote makes the challenger champion (the old one
+  becomes previous), retire drops the challenger, rollback restores the previous champion.
+
+What differs from the services: versions live in a dict instead of MLflow, alias moves take
+effect at the next batch without a notice or reload, a round's fine-tuning takes no simulated
+time (the real learner takes tens of wall seconds while the champion serves on), outcomes come
+straight from the simulator (no join timeouts, no lost messages), and a workflow's SLA is the
+simulator's truth (failed only after its last allowed retry). The learning and testing cores,
+`finetune_heads` and `Judge`, are the ones the services run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from dagsched.learner.evaluation import Judge, Sample, rule_from
+from dagsched.learner.online import FinetuneConfig, Joined, finetune_heads
+from dagsched.policy.scheduler import GNNScheduler
+from dagsched.schemas.ab import workflow_bucket
+from dagsched.service_config import EvaluatorSettings
+from dagsched.sim.reward import TaskOutcome
+from dagsched.sim.state import Decision, TaskRun
+from dagsched.sim.view import cluster_view, task_view
+
+if TYPE_CHECKING:
+    from dagsched.sim.engine import Simulator
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    """The loop's knobs; `learn=False` is the champion alone (no learner, no evaluator)."""
+
+    learn: bool = True
+    share: float = 0.1  # challenger share of workflows (daemon.challenger_share)
+    every_n: int = 1000  # completed attempts per round (learner.every_n_tasks)
+    window: int = 5000  # replay window (learner.window)
+    replace_challenger: bool = False  # learner.replace_challenger
+    finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
+    evaluator: EvaluatorSettings = field(default_factory=EvaluatorSettings)
+
+
+@dataclass
+class WorkflowResult:
+    """One arrived workflow: `end_s` is None while it is still in flight."""
+
+    workflow_id: str
+    arrival_s: float
+    due_s: float  # arrival + deadline
+    arm: str
+    version: str
+    end_s: float | None = None
+    met: bool = False
+    failed: bool = False
+
+
+@dataclass
+class LoopEvent:
+    """A round registered, a verdict (with its statistics), at simulated time `at_s`."""
+
+    at_s: float
+    kind: str  # "round" | "promote" | "retire" | "rollback"
+    version: str
+    champion: str  # the champion after the event
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+class SimLoop:
+    """Champion + challenger serving, learner and evaluator over one simulator run."""
+
+    name = "sim-loop"
+
+    def __init__(self, champion: GNNScheduler, cfg: LoopConfig, seed: int = 0) -> None:
+        self.cfg = cfg
+        self.seed = seed
+        self.versions: dict[str, GNNScheduler] = {champion.version: champion}
+        self.parent: dict[str, str | None] = {champion.version: None}
+        self.champion = champion.version
+        self.challenger: str | None = None
+        self.previous: str | None = None
+        self.window: deque[Joined] = deque(maxlen=cfg.window)
+        self.completed = 0
+        self.judge = Judge(rule_from(cfg.evaluator), cfg.evaluator.guardrail_window)
+        self.judge.versions(self.champion, None)
+        self.workflows: dict[str, WorkflowResult] = {}
+        self.events: list[LoopEvent] = []
+        # decided attempts: reward, outcome and end time are filled in when they end
+        self._decided: dict[tuple[str, int, int], Joined] = {}
+        self._rewards: dict[str, list[float]] = {}
+        self.sim: Simulator | None = None
+
+    # -- driving ------------------------------------------------------------------------------
+
+    def run(self, sim: Simulator, until: float | None = None) -> list[WorkflowResult]:
+        """Play `sim` to its end (or simulated time `until`); every arrived workflow's result."""
+        self.sim = sim
+        sim.on_outcome = self._on_outcome
+        while (batch := sim.advance(until)) is not None:
+            sim.apply(self.decide(sim, batch), batch)
+            due = self.cfg.learn and self.completed >= self.cfg.every_n and self.window
+            if due and (self.challenger is None or self.cfg.replace_challenger):
+                self._round(sim.now)
+        for run in sim.active.values():  # in flight at the end: arm and version of first task
+            wf = run.wf
+            if wf.id not in self.workflows:
+                self.workflows[wf.id] = WorkflowResult(
+                    wf.id, wf.arrival_s, wf.arrival_s + wf.deadline_s, "", ""
+                )
+        return sorted(self.workflows.values(), key=lambda w: w.arrival_s)
+
+    def arm_of(self, workflow_id: str) -> str:
+        """The arm serving a task of this workflow now (the daemon's `Models.pick`)."""
+        if self.challenger is None or self.cfg.share <= 0:
+            return "champion"
+        return "challenger" if workflow_bucket(workflow_id) < self.cfg.share else "champion"
+
+    def decide(self, sim: Simulator, ready: list[TaskRun]) -> list[Decision]:
+        view = cluster_view(sim)
+        arms: dict[str, list[int]] = {}
+        for i, t in enumerate(ready):
+            arms.setdefault(self.arm_of(t.run.wf.id), []).append(i)
+        out: list[Decision | None] = [None] * len(ready)
+        for arm, idx in arms.items():
+            version = self.champion if arm == "champion" else self.challenger
+            assert version is not None
+            sched = self.versions[version]
+            placements = sched.place(view, [task_view(ready[i]) for i in idx])
+            for k, (i, p) in enumerate(zip(idx, placements, strict=True)):
+                t = ready[i]
+                wf = t.run.wf
+                if wf.id not in self.workflows:
+                    self.workflows[wf.id] = WorkflowResult(
+                        wf.id, wf.arrival_s, wf.arrival_s + wf.deadline_s, arm, version
+                    )
+                joined = Joined(
+                    key=(t.key, t.attempt),
+                    workflow_id=wf.id,
+                    arm=arm,
+                    version=version,
+                    reward=0.0,
+                    failed=False,
+                    on_time=False,
+                    end_at=0.0,
+                    max_retries=p.max_retries,
+                    observation=sched.last_observations[k],
+                    node_index=p.node,
+                    unit=sched.last_units[k],
+                    log_prob=min(0.0, p.log_prob) if math.isfinite(p.log_prob) else 0.0,
+                )
+                self._decided[(wf.id, t.idx, t.attempt)] = joined
+                out[i] = Decision(t, p.node, p.cpu, p.mem, p.max_retries)
+        return [d for d in out if d is not None]
+
+    # -- outcomes: the learner's window and the evaluator's samples -----------------------------
+
+    def _on_outcome(self, t: TaskRun, o: TaskOutcome, reward: float) -> None:
+        assert self.sim is not None
+        now = self.sim.now
+        wf = t.run.wf
+        j = self._decided.pop((wf.id, t.idx, t.attempt), None)
+        if j is None:
+            return
+        j.reward, j.failed, j.end_at = reward, o.failed, now
+        j.on_time = not o.failed and o.lateness <= 0.0
+        self.completed += 1
+        self.window.append(j)
+        self._rewards.setdefault(wf.id, []).append(reward)
+        # the simulator fails a workflow once a task has failed more than max_retries times
+        wf_failed = o.failed and t.failures + 1 > t.max_retries
+        if not (wf_failed or (not o.failed and t.run.remaining == 1)):
+            return
+        res = self.workflows[wf.id]
+        res.end_s, res.failed = now, wf_failed
+        res.met = not wf_failed and now <= res.due_s + 1e-9
+        rewards = self._rewards.pop(wf.id)
+        for other in t.run.tasks:  # cancelled attempts never report
+            self._decided.pop((wf.id, other.idx, other.attempt), None)
+        sample = Sample(wf.id, res.arm, res.version, float(res.met), sum(rewards) / len(rewards))
+        if self.cfg.learn:
+            action = self.judge.add(sample)
+            if action is not None:
+                self._act(now, *action)
+
+    def _act(self, now: float, action: str, verdict: Any) -> None:
+        detail = verdict.to_dict()
+        version = self.challenger or ""
+        if action == "promote" and self.challenger is not None:
+            self.previous, self.champion = self.champion, self.challenger
+            self.judge.promoted()
+            self.challenger = None
+        elif action == "retire":
+            self.challenger = None
+        elif action == "rollback":
+            version = self.champion
+            if self.previous is None:
+                detail["error"] = "no previous champion to roll back to"
+            else:
+                self.champion, self.previous = self.previous, None
+        self.judge.versions(self.champion, self.challenger)
+        self.events.append(LoopEvent(now, action, version, self.champion, detail))
+
+    # -- the learner's round ------------------------------------------------------------------
+
+    def _round(self, now: float) -> None:
+        chall = self.challenger
+        base = chall if chall is not None and self.parent[chall] == self.champion else None
+        champion = self.versions[self.champion]
+        window = list(self.window)
+        result = finetune_heads(
+            champion.model,
+            champion.normalizer,
+            window,
+            self.cfg.finetune,
+            seed=self.seed + len(self.versions),
+            start=self.versions[base].model if base is not None else None,
+        )
+        version = f"v{len(self.versions) + 1}"
+        self.versions[version] = GNNScheduler(result.model, champion.normalizer, version)
+        self.parent[version] = self.champion
+        self.challenger = version
+        self.completed = 0
+        self.judge.versions(self.champion, version)
+        detail = {"from": base or self.champion, "transitions": len(window), **result.metrics}
+        self.events.append(LoopEvent(now, "round", version, self.champion, detail))

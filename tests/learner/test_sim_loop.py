@@ -1,0 +1,121 @@
+"""The learning loop in the simulator: rounds move only the heads, the split follows the
+daemon's buckets, verdicts move the versions, and without a learner nothing changes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from dagsched.learner.online import FinetuneConfig
+from dagsched.learner.sequential import Verdict
+from dagsched.learner.sim_loop import LoopConfig, SimLoop
+from dagsched.policy.bundle import load_bundle
+from dagsched.policy.model import ACTOR_HEADS
+from dagsched.policy.scheduler import GNNScheduler
+from dagsched.schemas.ab import workflow_bucket
+from dagsched.sim.config import DriftConfig, ScenarioConfig
+from dagsched.sim.engine import Simulator
+from dagsched.sim.runner import generate_workflows
+from tests.sim.conftest import small_scenario
+
+CHAMPION = Path(__file__).resolve().parents[2] / "models" / "champion"
+FAST = FinetuneConfig(update_epochs=1, minibatch_size=32)
+
+
+@pytest.fixture(scope="module")
+def champion() -> Iterator[GNNScheduler]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny batches: more threads only contend
+    yield load_bundle(CHAMPION, "v1")
+    torch.set_num_threads(threads)
+
+
+def _scenario(workflows: int = 12) -> ScenarioConfig:
+    return replace(small_scenario(workflows=workflows), drift=DriftConfig(at_s=600.0))
+
+
+def _run(champion: GNNScheduler, cfg: LoopConfig, workflows: int = 12) -> tuple[SimLoop, Simulator]:
+    sc = _scenario(workflows)
+    loop = SimLoop(champion, cfg, seed=3)
+    sim = Simulator(sc, generate_workflows(sc, 3), seed=3)
+    loop.run(sim)
+    return loop, sim
+
+
+def test_rounds_change_only_the_actor_heads_and_challengers_serve_their_bucket(
+    champion: GNNScheduler,
+) -> None:
+    cfg = LoopConfig(share=0.5, every_n=40, window=200, finetune=FAST, replace_challenger=True)
+    loop, _ = _run(champion, cfg)
+    rounds = [e for e in loop.events if e.kind == "round"]
+    assert len(rounds) >= 2
+    assert rounds[0].detail["from"] == "v1" and rounds[0].detail["transitions"] >= 40
+    base = champion.model.state_dict()
+    for e in rounds:
+        state = loop.versions[e.version].model.state_dict()
+        changed = {k for k, v in state.items() if not torch.equal(v, base[k])}
+        assert changed, f"{e.version} did not move"
+        assert {k.split(".")[0] for k in changed} <= set(ACTOR_HEADS), changed
+        assert loop.parent[e.version] == e.champion
+    decided = list(loop.window)
+    assert {j.arm for j in decided} == {"champion", "challenger"}
+    for j in decided:
+        if j.arm == "challenger":
+            assert workflow_bucket(j.workflow_id) < 0.5 and j.version != "v1"
+        assert j.trainable and j.log_prob <= 0.0
+
+
+def test_champion_alone_records_every_outcome_and_never_changes_versions(
+    champion: GNNScheduler,
+) -> None:
+    loop, sim = _run(champion, LoopConfig(learn=False, every_n=5, window=10**6))
+    assert loop.events == [] and list(loop.versions) == ["v1"] and loop.challenger is None
+    assert {(w.arm, w.version) for w in loop.workflows.values()} == {("champion", "v1")}
+    m = sim.metrics
+    assert len(loop.window) == m.tasks_done + m.task_failures
+    assert sum(j.reward for j in loop.window) == pytest.approx(m.total_reward)
+    ended = [w for w in loop.workflows.values() if w.end_s is not None]
+    assert len(ended) == m.workflows_done + m.workflows_failed
+    assert sum(w.met for w in ended) == m.met_deadline
+
+
+def test_one_challenger_under_test_at_a_time(champion: GNNScheduler) -> None:
+    # min_samples beyond the run: no verdict, so the first challenger is never replaced
+    ev = LoopConfig().evaluator.model_copy(update={"min_samples": 10**6})
+    loop, _ = _run(champion, LoopConfig(share=0.5, every_n=40, finetune=FAST, evaluator=ev))
+    assert [e.kind for e in loop.events] == ["round"] and loop.challenger == "v2"
+
+
+def test_without_a_challenger_nothing_is_promoted(champion: GNNScheduler) -> None:
+    loop, _ = _run(champion, LoopConfig(share=0.5, every_n=10**9))
+    assert loop.events == [] and loop.champion == "v1"
+    assert all(j.arm == "champion" for j in loop.window)
+
+
+def test_split_matches_the_daemon_and_verdicts_move_the_versions(
+    champion: GNNScheduler,
+) -> None:
+    loop = SimLoop(champion, LoopConfig(share=0.3))
+    ids = [f"wf-{i:07d}" for i in range(400)]
+    assert all(loop.arm_of(i) == "champion" for i in ids)  # no challenger yet
+    loop.versions["v2"] = champion
+    loop.parent["v2"] = "v1"
+    loop.challenger = "v2"
+    loop.judge.versions("v1", "v2")  # as a round does
+    arms = [loop.arm_of(i) for i in ids]
+    assert arms == ["challenger" if workflow_bucket(i) < 0.3 else "champion" for i in ids]
+    assert 0.2 < arms.count("challenger") / len(ids) < 0.4
+    verdict = Verdict("promote", "better", "rule", {})
+    loop._act(10.0, "promote", verdict)
+    assert (loop.champion, loop.previous, loop.challenger) == ("v2", "v1", None)
+    assert loop.judge.watch is not None and loop.judge.watch[0] == "v2"
+    loop._act(20.0, "rollback", Verdict("retire", "guardrail", "rule", {}))
+    assert (loop.champion, loop.previous) == ("v1", None)
+    assert [(e.kind, e.version, e.champion) for e in loop.events] == [
+        ("promote", "v2", "v2"),
+        ("rollback", "v2", "v1"),
+    ]
