@@ -16,7 +16,8 @@ end of the first bucket from which every later bucket stays >= 0.95 P (sustained
 bucket back >= 0.95 P is reported too. Prints a table, writes drift.json and drift.png.
 
     .venv/bin/python bench/drift.py [--seeds 3] [--hours 3] [--drift-at-min 60] [--out DIR]
-        [--share S] [--every-n N] [--window W] [--min-samples M] [--replace-challenger]
+        [--share S] [--every-n N] [--window W] [--min-samples M] [--target-kl K]
+        [--replace-challenger]
 
 Defaults are the service defaults (`load_settings()`): 10% share, a round every 1,000
 attempts, one challenger under test at a time, 100 workflows per arm before any verdict.
@@ -189,6 +190,7 @@ def main() -> None:
     ap.add_argument("--window", type=int, default=s.learner.window)
     ap.add_argument("--lr", type=float, default=s.learner.learning_rate)
     ap.add_argument("--epochs", type=int, default=s.learner.update_epochs)
+    ap.add_argument("--target-kl", type=float, default=s.learner.target_kl, help="to the champion")
     ap.add_argument("--min-samples", type=int, default=s.evaluator.min_samples)
     ap.add_argument(
         "--replace-challenger",
@@ -205,7 +207,12 @@ def main() -> None:
     horizon, drift_s, width = args.hours * 3600, args.drift_at_min * 60, args.bucket_min * 60
     drift = DriftConfig(at_s=drift_s)
     sc = replace(s.sim, drift=drift)
-    ft = replace(FinetuneConfig(), learning_rate=args.lr, update_epochs=args.epochs)
+    ft = replace(
+        FinetuneConfig(),
+        learning_rate=args.lr,
+        update_epochs=args.epochs,
+        target_kl=args.target_kl,
+    )
     ev = s.evaluator.model_copy(update={"min_samples": args.min_samples})
     loop_cfg = LoopConfig(
         True, args.share, args.every_n, args.window, args.replace_challenger, ft, ev
