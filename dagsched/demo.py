@@ -35,6 +35,7 @@ from dagsched.sim.runner import simulate, stream_workflows
 
 log = structlog.get_logger("dagsched.demo")
 MODEL_WAIT_S = 120.0
+DRAIN_S = 30.0  # at most this long for the evaluator to judge the last workflows
 Progress = Callable[[int, int], None]
 
 
@@ -107,6 +108,12 @@ def midway(settings: Settings, workflows: int, seed: int) -> float:
     return arrivals[len(arrivals) // 2]
 
 
+async def _until(cond: Callable[[], bool], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond() and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)  # polling counters of services running in this loop
+
+
 async def _wait_for_champion(daemon: Daemon, task: asyncio.Task[None]) -> str:
     deadline = time.monotonic() + MODEL_WAIT_S
     while daemon.models.version("champion") is None and time.monotonic() < deadline:
@@ -149,6 +156,10 @@ async def run_demo(
             log.info("demo.serving", champion=served, drift_at_s=drift_at)
             replay = Replay(s, ReplayConfig(workflows=workflows, seed=seed), progress)
             result = await replay.run()
+            # let the evaluator judge the last workflows before everything stops
+            ended = [o for o in replay.workflow_outcomes() if o.end_s is not None]
+            judged = sum(o.arm != "fallback" for o in ended)
+            await _until(lambda: evaluator.samples >= judged, DRAIN_S)
         finally:
             daemon.stop()
             stop.set()

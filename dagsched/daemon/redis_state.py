@@ -279,6 +279,10 @@ class RedisState:
         rows = [{k.decode(): v.decode() for k, v in h.items()} for h in res[:-1]]
         return build_view(ids, rows, float(res[-1] or 0.0), self.settings.sim.cluster.speed)
 
+    async def clock(self) -> float:
+        """The job-queue clock: the latest event time applied (0 before any)."""
+        return float(await self.redis.get(self.key("clock")) or 0.0)
+
     async def apply_event(self, msg: Any) -> None:
         """Apply one `dagsched.events` message (idempotent: a redelivery changes nothing)."""
         if isinstance(msg, NodeHeartbeatMsg):

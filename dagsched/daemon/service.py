@@ -59,7 +59,7 @@ log = structlog.get_logger(__name__)
 
 HOLD_S = (0.05, 0.5)  # backoff while no node is alive to place on
 PLACE_ROUNDS = 3
-VIEW_POLL_S = 0.002  # how often a batch re-reads the view while it waits for the updater
+VIEW_POLL_S = 0.002  # how often a batch re-reads the clock while it waits for the updater
 
 
 class _Hold(Exception):
@@ -436,12 +436,17 @@ class Daemon:
         view = await self.store.view()
         if at is None or view is None:
             return view
-        deadline = time.monotonic() + (self.cfg.view_wait_ms / 1000 if wait else 0.0)
-        while view.now + 1e-6 < at and not self.store.degraded and time.monotonic() < deadline:
-            await asyncio.sleep(VIEW_POLL_S)  # the updater runs meanwhile
-            view = await self.store.view()
-            if view is None:
-                return None
+        if view.now + 1e-6 < at and wait:
+            # poll the clock alone (one GET), then read the whole view once it has caught up
+            deadline = time.monotonic() + self.cfg.view_wait_ms / 1000
+            clock: float | None = view.now
+            while clock is not None and clock + 1e-6 < at and time.monotonic() < deadline:
+                await asyncio.sleep(VIEW_POLL_S)  # the updater runs meanwhile
+                clock = await self.store.clock()
+            if clock is not None and clock > view.now:
+                view = await self.store.view()
+                if view is None:
+                    return None
         if view.now + 1e-6 < at:
             if wait:
                 self.metrics.stale_views.inc()

@@ -114,6 +114,16 @@ class StateStore:
                 self._down("view", exc)
         return _copy(self._view) if self._view is not None else None
 
+    async def clock(self) -> float | None:
+        """The job-queue clock in Redis; None while degraded (it cannot move then)."""
+        if self.degraded:
+            return None
+        try:
+            return await self.rs.clock()
+        except RedisError as exc:
+            self._down("clock", exc)
+            return None
+
     async def stored(self, keys: Sequence[tuple[str, int]]) -> list[bytes | None]:
         """Stored decisions by (task key, attempt): Redis, or this replica's memory."""
         local = [self._decisions.get(f"{k}:{a}") for k, a in keys]

@@ -209,6 +209,7 @@ class EvaluatorService:
         self.on_verdict = on_verdict
         self.actor = f"evaluator:{socket.gethostname()}"
         self.acted = 0
+        self.samples = 0  # finished workflows judged (for callers that wait for a drain)
         self.lease: Lease | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -261,6 +262,7 @@ class EvaluatorService:
                 joined += self.joiner.expire(now)
                 for j in joined:
                     sample = self.outcomes.add(j)
+                    self.samples += sample is not None
                     action = self.judge.add(sample) if sample is not None else None
                     # act only under a lease just renewed, never on a stale belief
                     if action is not None and await lease.acquire() and lease.valid:
