@@ -6,7 +6,7 @@ for production (SIGTERM / SIGINT set the stop event); tests drive `async_run()` 
 
 One batch: fetch up to `batch_max` records (waiting at most `batch_wait_ms` after the first),
 decode each (bad ones become dead letters with their reason), store workflows, answer each
-task from the decision store if it was decided before, place the rest with the serving model
+task from the decision store if it was decided before, place the rest (`placing.Placer`)
 (reserving atomically in Redis), produce every output, wait for all acks, and only then commit
 `{partition: last offset + 1}`. A crash anywhere before the commit redelivers the batch, and the
 decision store turns the redelivery into the same decisions again: effectively once.
@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import signal
 import time
 from collections import defaultdict
 from typing import Any
 
-import numpy as np
 import redis.asyncio as aioredis
 import structlog
 from aiokafka import ConsumerRebalanceListener, TopicPartition
@@ -33,37 +31,26 @@ from redis.exceptions import RedisError
 from dagsched.daemon.kafka import Output, make_consumer, make_producer, produce_all
 from dagsched.daemon.metrics import DaemonMetrics, MetricsServer
 from dagsched.daemon.models import Loader, Models, VersionOf
-from dagsched.daemon.redis_state import RedisState, Reservation, connect
-from dagsched.daemon.state import Progress, StateStore
+from dagsched.daemon.placing import Hold, Placer
+from dagsched.daemon.redis_state import RedisState, connect
+from dagsched.daemon.state import StateStore
 from dagsched.daemon.updater import Updater
-from dagsched.policy.api import Placement, Scheduler
-from dagsched.policy.features import observation_to_dict
 from dagsched.registry import serving
 from dagsched.schemas.messages import (
     BadMessage,
     DeadLetterMsg,
-    DecisionLogMsg,
-    DecisionMsg,
     TaskReadyMsg,
     WorkflowMsg,
     decode,
 )
 from dagsched.schemas.topics import ALLOWED_TYPES
 from dagsched.settings import Settings
-from dagsched.sim.state import CPU_BOUNDS, MEM_BOUNDS, RETRY_BOUNDS
-from dagsched.sim.view import ClusterView, TaskView
 from dagsched.sim.wire import to_workflow
-from dagsched.sim.workflow import Workflow, WorkflowError, downward_finish_s
+from dagsched.sim.workflow import Workflow, WorkflowError
 
 log = structlog.get_logger(__name__)
 
 HOLD_S = (0.05, 0.5)  # backoff while no node is alive to place on
-PLACE_ROUNDS = 3
-VIEW_POLL_S = 0.002  # how often a batch re-reads the clock while it waits for the updater
-
-
-class _Hold(Exception):
-    """The batch cannot be answered yet (no alive node); retry it without committing."""
 
 
 class _Listener(ConsumerRebalanceListener):
@@ -119,12 +106,11 @@ class Daemon:
         self.stop_event = asyncio.Event()
         self.assigned = asyncio.Event()  # set once partitions are assigned (tests await it)
         self.batch_lock = asyncio.Lock()
-        self._logs: list[tuple[tuple[str, int], bytes]] = []
-        self._last_trace: list[Trace] = []
         self.server: MetricsServer | None = None
         self.consumer: Any = None
         self.updater: Updater | None = None
         self.stats: dict[str, int] = defaultdict(int)
+        self.placer = Placer(settings, self.store, self.models, self.metrics, self.stats)
         self._stop_at: float | None = None
         self._kafka_ok = True
 
@@ -268,7 +254,7 @@ class Daemon:
             try:
                 outputs, fresh = await self.process(records, fetched)
                 break
-            except _Hold as why:
+            except Hold as why:
                 if self.stop_event.is_set():
                     log.warning("batch.abandoned", reason=str(why), records=len(records))
                     return  # not committed: redelivered after a restart or rebalance
@@ -332,11 +318,11 @@ class Daemon:
             if answers.get(key) is None:
                 todo.setdefault(key, m)
         new: set[tuple[str, int]] = set()
-        self._logs = []
+        made: list[tuple[tuple[str, int], bytes]] = []
         if todo:
-            decided, new = await self._decide(todo, fetched)
+            decided, new, made = await self.placer.decide(todo, fetched)
             answers.update(decided)
-        logs = [(k[0], k[1], raw) for k, raw in self._logs if k in new]
+        logs = [(k[0], k[1], raw) for k, raw in made if k in new]
         try:
             await self.rs.put_decision_logs(logs)
         except RedisError as exc:  # explainability is best effort; decisions are not
@@ -387,195 +373,6 @@ class Daemon:
             raise BadMessage(f"stored workflow is a {msg.type} message")
         return to_workflow(msg, self.cfg.max_dag_tasks)
 
-    async def _decide(
-        self, todo: dict[tuple[str, int], TaskReadyMsg], fetched: float
-    ) -> tuple[dict[tuple[str, int], bytes | str], set[tuple[str, int]]]:
-        """Place every task of `todo`: decisions (or dead-letter reasons, as str) by key, and
-        the keys whose decision was made now (not found stored by another replica)."""
-        out: dict[tuple[str, int], bytes | str] = {}
-        new: set[tuple[str, int]] = set()
-        wfs = await self.store.workflow_lookup(sorted({m.workflow_id for m in todo.values()}))
-        pending: dict[tuple[str, int], tuple[TaskReadyMsg, Workflow]] = {}
-        for key, m in todo.items():
-            wf = wfs.get(m.workflow_id)
-            if wf is None:
-                out[key] = f"task_ready for unknown workflow {m.workflow_id!r}"
-            elif m.task >= wf.size:
-                out[key] = (
-                    f"task_ready.task {m.task} is out of range: workflow {m.workflow_id!r} "
-                    f"has {wf.size} tasks"
-                )
-            else:
-                pending[key] = (m, wf)
-        at = max((m.at for m, _ in pending.values() if m.at is not None), default=None)
-        for round_ in range(PLACE_ROUNDS):
-            if not pending:
-                break
-            view = await self._fresh_view(at, wait=round_ == 0)
-            if view is None or view.n == 0 or not view.alive.any():
-                raise _Hold("no alive node known")
-            progress = await self.store.progress(
-                sorted({m.workflow_id for m, _ in pending.values()})
-            )
-            last = round_ == PLACE_ROUNDS - 1
-            placed = await self._place_round(
-                view, pending, progress, fetched, queue_all=last, new=new
-            )
-            for key, answer in placed.items():
-                out[key] = answer
-                pending.pop(key, None)
-        if pending:
-            raise _Hold(f"{len(pending)} task(s) could not be placed")
-        return out, new
-
-    async def _fresh_view(self, at: float | None, wait: bool) -> ClusterView | None:
-        """The cluster view once it has caught up with job-queue time `at` (the newest request
-        of the batch): the updater applies events concurrently, and a task's parent finishing
-        and the task becoming ready happen at the same instant. After `daemon.view_wait_ms`
-        (or at once when not `wait`) the batch is decided on what is known, clock at `at`."""
-        view = await self.store.view()
-        if at is None or view is None:
-            return view
-        if view.now + 1e-6 < at and wait:
-            # poll the clock alone (one GET), then read the whole view once it has caught up
-            deadline = time.monotonic() + self.cfg.view_wait_ms / 1000
-            clock: float | None = view.now
-            while clock is not None and clock + 1e-6 < at and time.monotonic() < deadline:
-                await asyncio.sleep(VIEW_POLL_S)  # the updater runs meanwhile
-                clock = await self.store.clock()
-            if clock is not None and clock > view.now:
-                view = await self.store.view()
-                if view is None:
-                    return None
-        if view.now + 1e-6 < at:
-            if wait:
-                self.metrics.stale_views.inc()
-            view.now = at
-        return view
-
-    async def _place_round(
-        self,
-        view: ClusterView,
-        pending: dict[tuple[str, int], tuple[TaskReadyMsg, Workflow]],
-        progress: dict[str, Progress],
-        fetched: float,
-        queue_all: bool,
-        new: set[tuple[str, int]],
-    ) -> dict[tuple[str, int], bytes]:
-        by_arm: dict[str, list[tuple[str, int]]] = defaultdict(list)
-        for key in pending:
-            by_arm[self.models.pick(*key)].append(key)
-        free_c, free_m, queue = view.free_cores.copy(), view.free_mem.copy(), view.queue_len.copy()
-        placed: dict[tuple[str, int], bytes] = {}
-        ready: dict[str, set[int]] = defaultdict(set)  # ready now, as the simulator sees it
-        for m, _ in pending.values():
-            ready[m.workflow_id].add(m.task)
-        for arm, keys in sorted(by_arm.items()):
-            tvs = [self._task_view(view, *pending[k], progress, ready) for k in keys]
-            placements, arm, version = self._run_policy(arm, view, tvs)
-            traces = self._last_trace
-            for key, tv, p, trace in zip(keys, tvs, placements, traces, strict=True):
-                m, wf = pending[key]
-                spec = wf.tasks[tv.idx]
-                node = int(p.node)
-                cpu = float(np.clip(p.cpu, *CPU_BOUNDS))
-                mem = float(np.clip(p.mem, *MEM_BOUNDS))
-                cores, mem_gb = cpu * view.cores[node], mem * view.mem_gb[node]
-                fits = bool(
-                    queue[node] == 0
-                    and free_c[node] + 1e-9 >= cores
-                    and free_m[node] + 1e-9 >= mem_gb
-                )
-                if fits:
-                    free_c[node] -= cores
-                    free_m[node] -= mem_gb
-                else:
-                    queue[node] += 1
-                now = time.time()
-                decision = DecisionMsg(
-                    workflow_id=m.workflow_id,
-                    task=m.task,
-                    attempt=m.attempt,
-                    node=view.node_ids[node],
-                    cpu=cpu,
-                    mem=mem,
-                    max_retries=int(np.clip(round(p.max_retries), *RETRY_BOUNDS)),
-                    model_version=version,
-                    arm=arm,  # type: ignore[arg-type]
-                    log_prob=min(0.0, p.log_prob) if math.isfinite(p.log_prob) else 0.0,
-                    decided_at=now,
-                    latency_ms=max(0.0, (time.monotonic() - fetched) * 1000),
-                ).encode()
-                speed = float(view.speed[node][spec.type])
-                res = Reservation(
-                    task_key=key[0],
-                    attempt=key[1],
-                    node=view.node_ids[node],
-                    cores=float(cores),
-                    mem=float(mem_gb),
-                    core_s=float(cores * spec.duration_s / max(speed, 1e-9)),
-                    decision=decision,
-                    fits=fits,
-                )
-                status, winner = await self.store.decide(res, queue_if_full=queue_all or not fits)
-                if status in ("r", "q"):
-                    placed[key] = decision
-                    new.add(key)
-                    self._logs.append((key, _log_record(m, version, arm, node, p, trace, now)))
-                    self.metrics.decisions.labels(arm=arm).inc()
-                    self.stats["decisions"] += 1
-                    if arm == "fallback":
-                        self.metrics.fallback.labels(why="no_model").inc()
-                elif status == "dup" and winner is not None:
-                    placed[key] = winner  # another replica answered first: same decision
-        return placed
-
-    def _run_policy(
-        self, arm: str, view: ClusterView, tvs: list[TaskView]
-    ) -> tuple[list[Placement], str, str]:
-        sched: Scheduler = self.models.scheduler(arm)
-        self._last_trace = [None] * len(tvs)
-        if arm != "fallback":
-            try:
-                placements = sched.place(view, tvs)
-                _check(placements, view, len(tvs))
-                self._last_trace = _trace(sched, len(tvs))
-                return placements, arm, sched.version
-            except Exception as exc:  # the model failed: the heuristic answers this batch
-                log.error("model.failed", arm=arm, version=sched.version, error=str(exc))
-                self.metrics.fallback.labels(why="model_error").inc()
-        fb = self.models.fallback
-        return fb.place(view, tvs), "fallback", fb.version
-
-    def _task_view(
-        self,
-        view: ClusterView,
-        m: TaskReadyMsg,
-        wf: Workflow,
-        progress: dict[str, Progress],
-        ready: dict[str, set[int]],
-    ) -> TaskView:
-        """The task as the model was trained to see it: active = decided and not done, or
-        ready in this batch."""
-        done_set, active_set, nodes = progress.get(m.workflow_id, (set(), set(), {}))
-        index = {node: i for i, node in enumerate(view.node_ids)}
-        done = np.zeros(wf.size, dtype=bool)
-        done[[i for i in done_set if i < wf.size]] = True
-        active = np.zeros(wf.size, dtype=bool)
-        active[[i for i in active_set | ready[m.workflow_id] if i < wf.size]] = True
-        finish = downward_finish_s(wf)
-        cp = max(finish) or 1.0
-        return TaskView(
-            workflow=wf,
-            idx=m.task,
-            attempt=m.attempt,
-            done=done,
-            active=active,
-            parent_nodes=[index.get(nodes.get(p, ""), -1) for p in wf.parents[m.task]],
-            prev_node=index.get(nodes.get(m.task, ""), -1) if m.attempt > 0 else -1,
-            sub_deadline_s=wf.arrival_s + wf.deadline_s * finish[m.task] / cp,
-        )
-
     # -- metrics ------------------------------------------------------------------------------
 
     def _gauges(self) -> None:
@@ -592,45 +389,3 @@ class Daemon:
         except Exception:  # partitions moving: try again next time
             return
         self.metrics.consumer_lag.set(lag)
-
-
-Trace = tuple[dict[str, Any], list[float], float] | None
-
-
-def _trace(sched: Scheduler, n: int) -> list[Trace]:
-    """The raw observation, unit action and value behind each placement of a model's batch."""
-    obs = getattr(sched, "last_observations", None)
-    units = getattr(sched, "last_units", None)
-    values = getattr(sched, "last_values", None)
-    if obs is None or units is None or values is None or len(obs) != n:
-        return [None] * n
-    return [
-        (observation_to_dict(o), list(u), float(v))
-        for o, u, v in zip(obs, units, values, strict=True)
-    ]
-
-
-def _log_record(
-    m: TaskReadyMsg, version: str, arm: str, node: int, p: Placement, trace: Trace, now: float
-) -> bytes:
-    return DecisionLogMsg(
-        workflow_id=m.workflow_id,
-        task=m.task,
-        attempt=m.attempt,
-        model_version=version,
-        arm=arm,  # type: ignore[arg-type]
-        node_index=node,
-        unit=trace[1] if trace else None,
-        log_prob=min(0.0, p.log_prob) if math.isfinite(p.log_prob) else 0.0,
-        value=trace[2] if trace else None,
-        decided_at=now,
-        observation=trace[0] if trace else None,
-    ).encode()
-
-
-def _check(placements: list[Placement], view: ClusterView, n: int) -> None:
-    if len(placements) != n:
-        raise ValueError(f"{len(placements)} placements for {n} tasks")
-    for p in placements:
-        if not (0 <= p.node < view.n) or not view.alive[p.node]:
-            raise ValueError(f"placement on dead or unknown node {p.node}")
