@@ -61,6 +61,21 @@ def _run_until_signal(main: Any) -> None:
     asyncio.run(runner())
 
 
+def _serve(settings: Settings, main: Any) -> None:
+    """A long-running service: create the topics (where allowed), then `main(stop)` until
+    SIGTERM/SIGINT."""
+    from dagsched.daemon.broker import ensure_topics
+
+    async def with_topics(stop: asyncio.Event) -> None:
+        try:
+            await ensure_topics(settings)
+        except Exception as exc:  # a real cluster may forbid topic creation: they may exist
+            log.warning("topics.not_created", error=str(exc))
+        await main(stop)
+
+    _run_until_signal(with_topics)
+
+
 def broker_cmd(
     ctx: typer.Context,
     port: int = typer.Option(9092, "--port", min=0, max=65535, help="Port on 127.0.0.1."),
@@ -101,14 +116,12 @@ def daemon_cmd(
     ),
 ) -> None:
     """Serve placements: consume dagsched.tasks, produce decisions, until SIGTERM."""
-    from dagsched.daemon.broker import ensure_topics
     from dagsched.daemon.service import Daemon
 
     extra = {"daemon.metrics_port": metrics_port} if metrics_port is not None else {}
     settings = service_settings(ctx, bootstrap, redis_url, home, extra)
 
     async def main(stop: asyncio.Event) -> None:
-        await _topics(settings, ensure_topics)
         daemon = Daemon(settings, run_updater=updater, registry=registry)
         run = asyncio.create_task(daemon.async_run())
         waiter = asyncio.create_task(stop.wait())
@@ -117,7 +130,7 @@ def daemon_cmd(
         waiter.cancel()
         await run
 
-    _run_until_signal(main)
+    _serve(settings, main)
 
 
 def updater_cmd(
@@ -127,7 +140,6 @@ def updater_cmd(
     home: Path | None = HOME,
 ) -> None:
     """Apply dagsched.events to Redis (node state, reservations) until SIGTERM."""
-    from dagsched.daemon.broker import ensure_topics
     from dagsched.daemon.kafka import make_producer
     from dagsched.daemon.metrics import DaemonMetrics
     from dagsched.daemon.redis_state import RedisState, connect
@@ -136,7 +148,6 @@ def updater_cmd(
     settings = service_settings(ctx, bootstrap, redis_url, home)
 
     async def main(stop: asyncio.Event) -> None:
-        await _topics(settings, ensure_topics)
         redis = connect(settings.redis_url)
         producer = make_producer(settings)
         await producer.start()
@@ -147,7 +158,7 @@ def updater_cmd(
             await producer.stop()
             await redis.aclose()
 
-    _run_until_signal(main)
+    _serve(settings, main)
 
 
 def learner_cmd(
@@ -158,16 +169,14 @@ def learner_cmd(
 ) -> None:
     """Join decisions with outcomes; every `learner.every_n_tasks` completed tasks fine-tune
     the champion's actor heads and register the result as `@challenger`."""
-    from dagsched.daemon.broker import ensure_topics
     from dagsched.learner.services import LearnerService
 
     settings = service_settings(ctx, bootstrap, redis_url, home)
 
     async def main(stop: asyncio.Event) -> None:
-        await _topics(settings, ensure_topics)
         await LearnerService(settings).run(stop)
 
-    _run_until_signal(main)
+    _serve(settings, main)
 
 
 def evaluator_cmd(
@@ -178,7 +187,6 @@ def evaluator_cmd(
 ) -> None:
     """A/B-test the challenger against the champion (mSPRT); promote, retire or roll back.
     One JSON verdict per line on stdout. Only the holder of the Redis lease acts."""
-    from dagsched.daemon.broker import ensure_topics
     from dagsched.learner.services import EvaluatorService
 
     settings = service_settings(ctx, bootstrap, redis_url, home)
@@ -187,17 +195,9 @@ def evaluator_cmd(
         typer.echo(json.dumps(record, default=str))
 
     async def main(stop: asyncio.Event) -> None:
-        await _topics(settings, ensure_topics)
         await EvaluatorService(settings, emit).run(stop)
 
-    _run_until_signal(main)
-
-
-async def _topics(settings: Settings, ensure: Any) -> None:
-    try:
-        await ensure(settings)
-    except Exception as exc:  # a real cluster may forbid topic creation: they may exist
-        log.warning("topics.not_created", error=str(exc))
+    _serve(settings, main)
 
 
 def replay_cmd(
