@@ -73,6 +73,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from dagsched.daemon.redis_server import RedisServer
 from dagsched.settings import Settings, load_settings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -95,36 +96,6 @@ def redis_answers(url: str) -> bool:
         return False
     finally:
         client.close()
-
-
-def start_redis() -> tuple[str, subprocess.Popen[bytes]]:
-    """A private redis-server without persistence on a free port."""
-    from dagsched.daemon.broker import free_port
-
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            "redis-server",
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"redis://127.0.0.1:{port}/0"
-    deadline = time.monotonic() + 10
-    while not redis_answers(url):
-        if time.monotonic() > deadline or proc.poll() is not None:
-            proc.terminate()
-            raise RuntimeError("redis-server did not start")
-        time.sleep(0.05)  # polling a child process's port
-    return url, proc
 
 
 def drop_redis_keys(url: str, prefix: str) -> int:
@@ -541,7 +512,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     prefix = f"bench-switch-{uuid.uuid4().hex[:8]}."
     redis_url, redis_proc = args.redis_url, None
     if not redis_answers(redis_url):
-        redis_url, redis_proc = start_redis()
+        redis_proc = RedisServer().start()
+        redis_url = redis_proc.url
     settings = load_settings(
         None,
         {
@@ -674,8 +646,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         with contextlib.suppress(Exception):
             drop_redis_keys(redis_url, prefix)
         if redis_proc is not None:
-            redis_proc.terminate()
-            redis_proc.wait(10)
+            redis_proc.stop()
         if args.keep_home:
             console.log(f"kept {home}")
         else:

@@ -8,12 +8,12 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+from dagsched.daemon.redis_server import DEFAULT_REDIS, RedisServer
 from dagsched.learner.curriculum import Curriculum
 from dagsched.learner.train import demonstrations
 from dagsched.policy.model import ActorCritic
 from dagsched.policy.normalizer import FeatureNormalizer
 from dagsched.sim.config import ScenarioConfig
-from tests.redis_server import DEFAULT_REDIS, RedisServer
 
 
 @pytest.fixture(scope="session")

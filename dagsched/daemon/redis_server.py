@@ -1,4 +1,4 @@
-"""A private `redis-server` for tests, and the Redis every test shares."""
+"""A private `redis-server` (no persistence) for tests and benchmarks, and the default URL."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
 
 
 class RedisServer:
-    """A private `redis-server` (no persistence) on a fixed port that tests may stop/restart."""
+    """A private `redis-server` (no persistence) on a fixed port that may be stopped and
+    restarted (tests use that to take Redis away from a daemon)."""
 
     def __init__(self, port: int | None = None) -> None:
         self.port = port or free_port()

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from dagsched.daemon.broker import ensure_topics
+from dagsched.daemon.redis_server import RedisServer
 from tests.daemon.conftest import Client, committed, end_offsets, make_settings, wait_for
 from tests.daemon.test_roundtrip import http_get
-from tests.redis_server import RedisServer
 
 REPO = Path(__file__).resolve().parents[2]
 
