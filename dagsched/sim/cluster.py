@@ -25,17 +25,6 @@ if TYPE_CHECKING:
 FAILURE_HALF_LIFE_S = 1800.0
 
 
-@dataclass(slots=True)
-class NodeArrays:
-    """A point-in-time numpy copy of per-node live state; policies may modify their copy."""
-
-    alive: np.ndarray
-    free_cores: np.ndarray
-    free_mem: np.ndarray
-    queue_len: np.ndarray
-    queued_core_s: np.ndarray
-
-
 @dataclass(frozen=True, slots=True)
 class NodeInfo:
     """Static description of one node."""
@@ -131,6 +120,8 @@ class Cluster:
         self.speed_rows: list[list[float]] = self.speed.tolist()
         self.inv_cores = 1.0 / self.cores
         self.inv_mem = 1.0 / self.mem_gb
+        self.shape = np.stack((self.cores, self.mem_gb))  # [2, n], for batched scoring
+        self.inv_shape = 1.0 / self.shape
         self.cores_list: list[float] = self.cores.tolist()
         self.mem_list: list[float] = self.mem_gb.tolist()
         # per-node transient task-failure probability, jittered around the configured mean
@@ -143,7 +134,7 @@ class Cluster:
 
         # Live state as plain lists indexed by node id: the simulator updates single entries
         # on every event, which Python lists do several times faster than numpy arrays.
-        # Policies read a numpy `snapshot()` taken once per batch.
+        # Policies copy them into numpy once per batch.
         self.alive: list[bool] = [True] * n
         self.n_alive = n
         self.free_cores: list[float] = self.cores.tolist()
@@ -159,16 +150,6 @@ class Cluster:
         # running sums of reserved-cpu fractions for O(1) Jain fairness
         self._sum_x = 0.0
         self._sum_x2 = 0.0
-
-    def snapshot(self) -> NodeArrays:
-        """Numpy copies of the live per-node state, for vectorised scoring."""
-        return NodeArrays(
-            alive=np.array(self.alive, dtype=bool),
-            free_cores=np.array(self.free_cores),
-            free_mem=np.array(self.free_mem),
-            queue_len=np.array(self.queue_len, dtype=np.int64),
-            queued_core_s=np.array(self.queued_core_s),
-        )
 
     def receive(self, node: int, now: float, until: float, nbytes: float) -> None:
         """`nbytes` start arriving at `node` now and are all there at time `until`."""

@@ -66,8 +66,7 @@ class MCTSPolicy:
         cand = d.candidates(view)
         first = earliest_finish_node(sim, view, d, t)
         order = [first]
-        c = sim.cluster
-        free = np.where(cand, view.free_cores * c.inv_cores - d.cpu, -np.inf)
+        free = np.where(cand, view.free[0] - d.cpu, -np.inf)
         for node in np.argsort(-free):
             if len(order) >= self.k or not np.isfinite(free[node]):
                 break

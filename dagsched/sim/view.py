@@ -95,7 +95,8 @@ def task_view(t: TaskRun) -> TaskView:
         idx=t.idx,
         attempt=t.attempt,
         done=states == TaskState.DONE,
-        active=(states == TaskState.READY) | (states == TaskState.QUEUED)
+        active=(states == TaskState.READY)
+        | (states == TaskState.QUEUED)
         | (states == TaskState.RUNNING),
         parent_nodes=[run.tasks[p].node for p in run.wf.parents[t.idx]],
         prev_node=t.prev_node,
