@@ -63,6 +63,8 @@ class TrainSettings(_Strict):
     update_epochs: int = Field(default=10, ge=1)
     max_rollout: int = Field(default=2048, ge=64)
     num_envs: int = Field(default=4, ge=1)
+    # initial weight of the finish-time prior on the node logits (0: the scorer alone)
+    finish_prior: float = Field(default=10.0, ge=0)
 
 
 class LearnerSettings(_Strict):

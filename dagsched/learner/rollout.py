@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dagsched.policy.features import Observation, observe
+from dagsched.policy.features import Observation
 from dagsched.policy.scheduler import GNNScheduler
 from dagsched.sim.config import ScenarioConfig
 from dagsched.sim.engine import Simulator
@@ -90,12 +90,15 @@ class RolloutWorker:
                 self.buffer[-1].done = True
             self.sim = self._new_sim()
             return
-        cv = cluster_view(self.sim)
-        raw = [observe(cv, task_view(t)) for t in batch]
-        placements = scheduler.place_observations(raw)
+        placements = scheduler.place(cluster_view(self.sim), [task_view(t) for t in batch])
         decisions = []
         for t, o, p, u, v in zip(
-            batch, raw, placements, scheduler.last_units, scheduler.last_values, strict=True
+            batch,
+            scheduler.last_observations,
+            placements,
+            scheduler.last_units,
+            scheduler.last_values,
+            strict=True,
         ):
             tr = Transition(o, p.node, u, p.log_prob, v)
             old = self.pending.pop((t.run.wf.id, t.idx, t.attempt), None)

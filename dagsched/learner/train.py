@@ -75,10 +75,12 @@ def demonstrations(
         policy = make_policy(teacher, seed + ep)
         sim = Simulator(scenario, wfs, seed=seed + ep)
         while (batch := sim.advance()) is not None:
-            cv = cluster_view(sim)
+            view = cluster_view(sim).batch_copy()  # as the model sees a batch: in order
             decisions = policy.decide(sim, batch)
             for d in decisions:
-                obs.append(observe(cv, task_view(d.task)))
+                tv = task_view(d.task)
+                obs.append(observe(view, tv))
+                view.take(tv, d.node, d.cpu, d.mem)
                 nodes.append(d.node)
                 # A margin on memory: a Beta mean landing just under the demand is an OOM.
                 mem = min(MEM_BOUNDS[1], d.mem * (1 + IMITATION_MEM_MARGIN))
@@ -146,7 +148,7 @@ def train(
     seed_everything(seed)
     started = time.perf_counter()
     curriculum = Curriculum(scenario)
-    model = ActorCritic(ModelConfig()).to(device)
+    model = ActorCritic(ModelConfig(finish_prior=hp.finish_prior)).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=hp.learning_rate, eps=1e-5)
     start_update = 0
     if checkpoint is not None and checkpoint.exists():

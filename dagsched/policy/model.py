@@ -10,6 +10,10 @@ continuous head and a value head.
   chosen node: each is centred on the task's demand at that node (its "anchor") shifted by
   a learned amount, so "reserve the demand plus a margin" is easy to learn and a reservation
   far from demand is still reachable.
+- Finish prior (optional, `ModelConfig.finish_prior` > 0): the logits get
+  -beta x (the node's normalised estimated finish time for this task), so an untrained
+  scorer already picks where the task would finish first (HEFT's rule) and learning only has
+  to find the corrections (residual policy learning). beta is learned, from that start.
 - Critic: a value from the task, cluster and mean-node embeddings.
 
 `ACTOR_HEADS` names the parameters online fine-tuning may change; everything else is frozen.
@@ -17,6 +21,7 @@ continuous head and a value head.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -28,7 +33,8 @@ from torch_geometric.nn import AttentionalAggregation, GATv2Conv
 from dagsched.policy.features import CLUSTER_FEATURES, DAG_FEATURES, NODE_FEATURES
 from dagsched.sim.state import CPU_BOUNDS, MEM_BOUNDS, RETRY_BOUNDS
 
-ACTOR_HEADS: tuple[str, ...] = ("scorer", "cont_head")
+ACTOR_HEADS: tuple[str, ...] = ("scorer", "cont_head", "prior")
+FINISH = NODE_FEATURES.index("log_finish_s")
 LOW = torch.tensor([CPU_BOUNDS[0], MEM_BOUNDS[0], RETRY_BOUNDS[0]], dtype=torch.float32)
 HIGH = torch.tensor([CPU_BOUNDS[1], MEM_BOUNDS[1], RETRY_BOUNDS[1]], dtype=torch.float32)
 
@@ -42,6 +48,7 @@ class ModelConfig:
     dag_features: int = len(DAG_FEATURES)
     hidden: int = 64
     heads: int = 2
+    finish_prior: float = 0.0  # initial beta of the finish-time prior; 0 = no prior
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -76,6 +83,7 @@ class ActorCritic(nn.Module):
         self.scorer = _mlp(2 * h, h, 1)
         self.cont_head = _mlp(2 * h, h, 6)
         self.critic = _mlp(2 * h, h, 1)
+        self.prior = FinishPrior(cfg.finish_prior) if cfg.finish_prior > 0 else None
 
     def forward(
         self,
@@ -95,7 +103,10 @@ class ActorCritic(nn.Module):
         ctx = torch.tanh(self.cluster_mlp(torch.cat([cluster, pooled, x[this_task]], dim=-1)))
         node_emb = torch.tanh(self.node_mlp(nodes))  # [B, N, H]
         pair = torch.cat([node_emb, ctx[:, None, :].expand_as(node_emb)], dim=-1)
-        logits = self.scorer(pair).squeeze(-1).masked_fill(~mask, -1e9)
+        logits = self.scorer(pair).squeeze(-1)
+        if self.prior is not None:
+            logits = logits + self.prior(nodes)
+        logits = logits.masked_fill(~mask, -1e9)
         # Beta per value, centred on the task's demand at that node plus a learned shift:
         # mean = sigmoid(logit(anchor) + shift), concentration = 2 + softplus(k).
         head = self.cont_head(pair).view(*pair.shape[:2], 3, 2)
@@ -109,8 +120,19 @@ class ActorCritic(nn.Module):
         return PolicyOutput(logits, conc, value)
 
     def actor_parameters(self) -> list[nn.Parameter]:
-        """The parameters of the actor heads (node scorer and continuous head)."""
+        """The parameters of the actor heads (node scorer, its finish prior, continuous head)."""
         return [p for name, p in self.named_parameters() if name.split(".")[0] in ACTOR_HEADS]
+
+
+class FinishPrior(nn.Module):
+    """-beta x the normalised `log_finish_s` node feature, with beta > 0 learned in log space."""
+
+    def __init__(self, beta: float) -> None:
+        super().__init__()
+        self.log_beta = nn.Parameter(torch.tensor(math.log(beta)))
+
+    def forward(self, nodes: Tensor) -> Tensor:
+        return -self.log_beta.exp() * nodes[..., FINISH]
 
 
 def to_unit(values: Tensor) -> Tensor:

@@ -7,7 +7,7 @@ serves both, and a model trained in simulation runs unchanged in production.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -43,6 +43,33 @@ class ClusterView:
     @property
     def n(self) -> int:
         return len(self.node_ids)
+
+    def batch_copy(self) -> ClusterView:
+        """A copy whose live load (free resources, queues) `take` may update, so later tasks
+        of a batch see the earlier placements; the static arrays are shared."""
+        return replace(
+            self,
+            free_cores=self.free_cores.astype(float),
+            free_mem=self.free_mem.astype(float),
+            queue_len=self.queue_len.astype(float),
+            queued_core_s=self.queued_core_s.astype(float),
+        )
+
+    def take(self, task: TaskView, node: int, cpu: float, mem: float) -> None:
+        """Record in place that `task` goes to `node` with these reservation fractions, as the
+        cluster will see it: it runs now if it fits on an empty queue, else it queues."""
+        spec = task.workflow.tasks[task.idx]
+        cores, mem_gb = cpu * self.cores[node], mem * self.mem_gb[node]
+        if (
+            self.queue_len[node] == 0
+            and self.free_cores[node] + 1e-9 >= cores
+            and self.free_mem[node] + 1e-9 >= mem_gb
+        ):
+            self.free_cores[node] -= cores
+            self.free_mem[node] -= mem_gb
+        else:
+            self.queue_len[node] += 1
+            self.queued_core_s[node] += cores * spec.duration_s / self.speed[node, int(spec.type)]
 
 
 @dataclass(slots=True)

@@ -8,7 +8,7 @@ import torch
 from dagsched.policy.api import SchedulerPolicy
 from dagsched.policy.batching import collate
 from dagsched.policy.features import NODE_FEATURES, observe
-from dagsched.policy.model import ActorCritic, act, evaluate
+from dagsched.policy.model import ActorCritic, ModelConfig, act, evaluate
 from dagsched.policy.normalizer import FeatureNormalizer
 from dagsched.policy.scheduler import GNNScheduler
 from dagsched.sim.engine import Simulator
@@ -86,8 +86,42 @@ def test_observation_shapes() -> None:
     assert o.anchor.shape == (8, 3) and np.all((o.anchor >= 0) & (o.anchor <= 1))
 
 
-def test_actor_parameters_are_only_the_heads(model: ActorCritic) -> None:
+def test_actor_parameters_are_only_the_heads() -> None:
+    model = ActorCritic(ModelConfig(finish_prior=10.0))
     heads = {id(p) for p in model.actor_parameters()}
     named = dict(model.named_parameters())
-    assert heads == {id(p) for n, p in named.items() if n.startswith(("scorer.", "cont_head."))}
+    assert heads == {
+        id(p) for n, p in named.items() if n.startswith(("scorer.", "cont_head.", "prior."))
+    }
     assert 0 < len(heads) < len(named)
+
+
+def test_a_batch_is_placed_in_order_each_task_seeing_the_earlier_ones(
+    model: ActorCritic, normalizer: FeatureNormalizer
+) -> None:
+    sim, batch = _first_batch(8)
+    tasks = [task_view(batch[0])] * 3  # three identical siblings: the scatter case
+    cv = cluster_view(sim)
+    sched = GNNScheduler(model, normalizer, "t")
+    placements = sched.place(cv, tasks)
+    used = NODE_FEATURES.index("cpu_used")
+    first, second = sched.last_observations[:2]
+    node = placements[0].node
+    assert second.nodes[node, used] > first.nodes[node, used]  # the first one is taken
+    assert (cv.free_cores == sim.cluster.cores).all()  # the caller's view is not written
+    stale = GNNScheduler(model, normalizer, "t", sequential=False)
+    stale.place(cv, tasks)
+    assert np.array_equal(stale.last_observations[0].nodes, stale.last_observations[1].nodes)
+
+
+def test_finish_prior_alone_picks_the_earliest_estimated_finish(
+    normalizer: FeatureNormalizer,
+) -> None:
+    sim, batch = _first_batch(16)
+    model = ActorCritic(ModelConfig(finish_prior=1e3)).eval()
+    obs = observe(cluster_view(sim), task_view(batch[0]))
+    out = model(*collate([normalizer.transform(obs)]).args())
+    finish = obs.nodes[:, NODE_FEATURES.index("log_finish_s")]
+    assert int(out.logits.argmax()) in np.flatnonzero(finish == finish.min())
+    assert "prior.log_beta" in dict(model.named_parameters())
+    assert "prior.log_beta" not in ActorCritic().state_dict()  # older versions still load
