@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import torch
 
@@ -28,7 +30,7 @@ def _first_batch(nodes: int):
 def test_one_model_serves_any_cluster_size(
     model: ActorCritic, normalizer: FeatureNormalizer
 ) -> None:
-    for n in (8, 48, 200):
+    for n in (8, 32, 256):
         sim, batch = _first_batch(n)
         sched = GNNScheduler(model, normalizer, "t")
         placements = sched.place(cluster_view(sim), [task_view(t) for t in batch])
@@ -125,3 +127,18 @@ def test_finish_prior_alone_picks_the_earliest_estimated_finish(
     assert int(out.logits.argmax()) in np.flatnonzero(finish == finish.min())
     assert "prior.log_beta" in dict(model.named_parameters())
     assert "prior.log_beta" not in ActorCritic().state_dict()  # older versions still load
+
+
+def test_permuting_the_nodes_permutes_the_logits(normalizer: FeatureNormalizer) -> None:
+    sim, batch = _first_batch(16)
+    torch.manual_seed(0)
+    model = ActorCritic(ModelConfig(finish_prior=10.0)).eval()
+    o = normalizer.transform(observe(cluster_view(sim), task_view(batch[0])))
+    perm = np.random.default_rng(0).permutation(16)
+    shuffled = replace(o, nodes=o.nodes[perm], mask=o.mask[perm], anchor=o.anchor[perm])
+    with torch.no_grad():
+        a = model(*collate([o]).args())
+        b = model(*collate([shuffled]).args())
+    assert torch.allclose(a.logits[0, perm], b.logits[0], atol=1e-5)
+    assert torch.allclose(a.conc[0, perm], b.conc[0], atol=1e-5)
+    assert torch.allclose(a.value, b.value, atol=1e-5)
