@@ -144,7 +144,7 @@ class Placer:
         by_arm: dict[str, list[tuple[str, int]]] = defaultdict(list)
         for key in pending:
             by_arm[self.models.pick(*key)].append(key)
-        free_c, free_m, queue = view.free_cores.copy(), view.free_mem.copy(), view.queue_len.copy()
+        view = view.batch_copy()  # each arm's placements are taken before the next arm's
         placed: dict[tuple[str, int], bytes] = {}
         ready: dict[str, set[int]] = defaultdict(set)  # ready now, as the simulator sees it
         for m, _ in pending.values():
@@ -160,16 +160,7 @@ class Placer:
                 cpu = float(np.clip(p.cpu, *CPU_BOUNDS))
                 mem = float(np.clip(p.mem, *MEM_BOUNDS))
                 cores, mem_gb = cpu * view.cores[node], mem * view.mem_gb[node]
-                fits = bool(
-                    queue[node] == 0
-                    and free_c[node] + 1e-9 >= cores
-                    and free_m[node] + 1e-9 >= mem_gb
-                )
-                if fits:
-                    free_c[node] -= cores
-                    free_m[node] -= mem_gb
-                else:
-                    queue[node] += 1
+                fits = view.take(tv, node, cpu, mem)
                 now = time.time()
                 decision = DecisionMsg(
                     workflow_id=m.workflow_id,

@@ -133,7 +133,7 @@ class SimLoop:
         return "challenger" if workflow_bucket(workflow_id) < self.cfg.share else "champion"
 
     def decide(self, sim: Simulator, ready: list[TaskRun]) -> list[Decision]:
-        view = cluster_view(sim)
+        view = cluster_view(sim).batch_copy()  # each arm sees the earlier arms' placements
         arms: dict[str, list[int]] = {}
         for i, t in enumerate(ready):
             arms.setdefault(self.arm_of(t.run.wf.id), []).append(i)
@@ -142,8 +142,10 @@ class SimLoop:
             version = self.champion if arm == "champion" else self.challenger
             assert version is not None
             sched = self.versions[version]
-            placements = sched.place(view, [task_view(ready[i]) for i in idx])
+            tvs = [task_view(ready[i]) for i in idx]
+            placements = sched.place(view, tvs)
             for k, (i, p) in enumerate(zip(idx, placements, strict=True)):
+                view.take(tvs[k], p.node, p.cpu, p.mem)
                 t = ready[i]
                 wf = t.run.wf
                 if wf.id not in self.workflows:

@@ -55,21 +55,23 @@ class ClusterView:
             queued_core_s=self.queued_core_s.astype(float),
         )
 
-    def take(self, task: TaskView, node: int, cpu: float, mem: float) -> None:
+    def take(self, task: TaskView, node: int, cpu: float, mem: float) -> bool:
         """Record in place that `task` goes to `node` with these reservation fractions, as the
-        cluster will see it: it runs now if it fits on an empty queue, else it queues."""
+        cluster will see it: it runs now if it fits on an empty queue (True), else it queues."""
         spec = task.workflow.tasks[task.idx]
         cores, mem_gb = cpu * self.cores[node], mem * self.mem_gb[node]
-        if (
+        fits = bool(
             self.queue_len[node] == 0
             and self.free_cores[node] + 1e-9 >= cores
             and self.free_mem[node] + 1e-9 >= mem_gb
-        ):
+        )
+        if fits:
             self.free_cores[node] -= cores
             self.free_mem[node] -= mem_gb
         else:
             self.queue_len[node] += 1
             self.queued_core_s[node] += cores * spec.duration_s / self.speed[node, int(spec.type)]
+        return fits
 
 
 @dataclass(slots=True)
