@@ -39,6 +39,9 @@ bench: setup
 	$(PY) bench/sim_speed.py
 	$(PY) bench/aa_false_promotions.py
 	$(PY) bench/train_speed.py
+	$(PY) bench/inference_speed.py
+	$(PY) bench/explain_speed.py
+	$(PY) bench/drift.py
 
 clean:
 	rm -rf .pytest_cache .mypy_cache .ruff_cache build dist *.egg-info .dagsched/demo
