@@ -145,12 +145,13 @@ class Placer:
         for key in pending:
             by_arm[self.models.pick(*key)].append(key)
         view = view.batch_copy()  # each arm's placements are taken before the next arm's
+        index = {node: i for i, node in enumerate(view.node_ids)}
         placed: dict[tuple[str, int], bytes] = {}
         ready: dict[str, set[int]] = defaultdict(set)  # ready now, as the simulator sees it
         for m, _ in pending.values():
             ready[m.workflow_id].add(m.task)
         for arm, keys in sorted(by_arm.items()):
-            tvs = [self._task_view(view, *pending[k], progress, ready) for k in keys]
+            tvs = [self._task_view(index, *pending[k], progress, ready) for k in keys]
             placements, arm, version = self._run_policy(arm, view, tvs)
             traces = self._last_trace
             for key, tv, p, trace in zip(keys, tvs, placements, traces, strict=True):
@@ -219,7 +220,7 @@ class Placer:
 
     def _task_view(
         self,
-        view: ClusterView,
+        index: dict[str, int],
         m: TaskReadyMsg,
         wf: Workflow,
         progress: dict[str, Progress],
@@ -228,7 +229,6 @@ class Placer:
         """The task as the model was trained to see it: active = decided and not done, or
         ready in this batch."""
         done_set, active_set, nodes = progress.get(m.workflow_id, (set(), set(), {}))
-        index = {node: i for i, node in enumerate(view.node_ids)}
         done = np.zeros(wf.size, dtype=bool)
         done[[i for i in done_set if i < wf.size]] = True
         active = np.zeros(wf.size, dtype=bool)
@@ -287,3 +287,4 @@ def _check(placements: list[Placement], view: ClusterView, n: int) -> None:
     for p in placements:
         if not (0 <= p.node < view.n) or not view.alive[p.node]:
             raise ValueError(f"placement on dead or unknown node {p.node}")
+
