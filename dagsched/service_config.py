@@ -7,7 +7,7 @@ they read from the conventional `DAGSCHED_KAFKA_BOOTSTRAP`-style variables.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class _Strict(BaseModel):
@@ -65,6 +65,17 @@ class TrainSettings(_Strict):
     num_envs: int = Field(default=4, ge=1)
     # initial weight of the finish-time prior on the node logits (0: the scorer alone)
     finish_prior: float = Field(default=10.0, ge=0)
+    # deadline slack of the training scenarios (deadline = critical path x slack), when it
+    # should differ from `sim.workload.slack`: tighter deadlines make the reward's deadline
+    # term speak where the default ones are always met. Evaluation keeps `sim`'s.
+    deadline_slack: tuple[float, float] | None = None
+
+    @field_validator("deadline_slack")
+    @classmethod
+    def _slack_range(cls, v: tuple[float, float] | None) -> tuple[float, float] | None:
+        if v is not None and not 1 <= v[0] <= v[1]:
+            raise ValueError("must be [low, high] with 1 <= low <= high")
+        return v
 
 
 class LearnerSettings(_Strict):

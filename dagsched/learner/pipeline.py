@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +28,6 @@ def held_out_eval(
     scenario: ScenarioConfig, sched: GNNScheduler, workflows: int
 ) -> dict[str, float]:
     """Mean SLA / JCT of the model and two baselines on seeds training never drew."""
-    from dataclasses import replace
-
     sc = replace(scenario, workload=replace(scenario.workload, workflows=workflows))
     out: dict[str, float] = {}
     for name, pol in (
@@ -41,6 +40,15 @@ def held_out_eval(
         out[f"eval/{name}_jct_s"] = float(np.mean([r["mean_jct_s"] for r in runs]))
         out[f"eval/{name}_reward"] = float(np.mean([r["total_reward"] for r in runs]))
     return out
+
+
+def training_scenario(settings: Settings) -> ScenarioConfig:
+    """`settings.sim`, with `train.deadline_slack` when set."""
+    slack = settings.train.deadline_slack
+    if slack is None:
+        return settings.sim
+    sc = settings.sim
+    return replace(sc, workload=replace(sc.workload, slack=slack))
 
 
 def run_training(
@@ -90,7 +98,7 @@ def run_training(
             checkpoint.unlink(missing_ok=True)  # a fresh run; --resume continues this one
         with progress_bar("PPO updates", enabled=show_progress) as bar:
             result = train(
-                settings.sim,
+                training_scenario(settings),
                 settings.train,
                 updates=updates,
                 minutes=minutes,

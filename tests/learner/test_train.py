@@ -9,10 +9,13 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 import torch
 
+from dagsched.learner.pipeline import training_scenario
 from dagsched.learner.train import train
 from dagsched.service_config import TrainSettings
+from dagsched.settings import SettingsError, load_settings
 from dagsched.sim.config import ScenarioConfig, WorkloadConfig
 
 TINY = TrainSettings(num_envs=1, update_epochs=1)
@@ -105,3 +108,13 @@ def test_cli_train_registers_the_first_version_as_champion(tmp_path: Path) -> No
     assert rows[0]["aliases"] == ["champion"]
     assert "eval/model_sla" in rows[0]["metrics"]
     assert (tmp_path / "home" / "tensorboard").is_dir()
+
+
+def test_training_scenario_takes_the_deadline_slack_only_when_set() -> None:
+    plain = load_settings(environ={})
+    assert training_scenario(plain) == plain.sim
+    tight = load_settings(environ={"DAGSCHED_TRAIN__DEADLINE_SLACK": "[1.0, 1.5]"})
+    assert training_scenario(tight).workload.slack == (1.0, 1.5)
+    assert tight.sim.workload.slack == ScenarioConfig().workload.slack  # evaluation keeps it
+    with pytest.raises(SettingsError, match="deadline_slack"):
+        load_settings(overrides={"train.deadline_slack": [1.5, 1.0]}, environ={})
