@@ -287,4 +287,3 @@ def _check(placements: list[Placement], view: ClusterView, n: int) -> None:
     for p in placements:
         if not (0 <= p.node < view.n) or not view.alive[p.node]:
             raise ValueError(f"placement on dead or unknown node {p.node}")
-

@@ -1,5 +1,6 @@
 """`dagsched eval`: the trained policy against every baseline and an MCTS planner, on held-out
-seeds of the default scenario, each template, three loads, heavy faults and WfFormat files.
+seeds of the default scenario, each template, three loads, heavy faults, tight deadlines and
+WfFormat files.
 
 Rows carry at least `policy, scenario, sla_attainment, mean_jct_s, p95_jct_s, cost_core_s,
 decision_ms`; the report is a Markdown table, a CSV and PNG charts.
@@ -23,6 +24,7 @@ from dagsched.sim.runner import POLICY_NAMES, simulate
 from dagsched.sim.state import Policy
 from dagsched.sim.workflow import Workflow
 
+TIGHT_SLACK = (1.0, 1.5)
 HELD_OUT_SEED = 10_000  # training draws curriculum seeds far below this
 ROW_KEYS = (
     "policy",
@@ -51,7 +53,8 @@ class EvalScenario:
 def scenarios(
     base: ScenarioConfig, n_workflows: int, wfformat: Sequence[Workflow] = ()
 ) -> list[EvalScenario]:
-    """default, one per template, load 0.5/0.8/0.95, faults x10, and WfFormat (if any)."""
+    """default, one per template, load 0.5/0.8/0.95, faults x10, tight deadlines, and
+    WfFormat (if any)."""
     wl = replace(base.workload, workflows=n_workflows)
     sc = replace(base, workload=wl)
     out = [EvalScenario("default", sc)]
@@ -70,6 +73,9 @@ def scenarios(
         transient_task_failure=max(0.05, base.faults.transient_task_failure),
     )
     out.append(EvalScenario("faults:x10", replace(sc, faults=faults)))
+    # deadlines of 1-1.5x the critical path: where the default ones are always met, this
+    # is where policies separate on SLA attainment
+    out.append(EvalScenario("slack:tight", replace(sc, workload=replace(wl, slack=TIGHT_SLACK))))
     if wfformat:
         out.append(EvalScenario("wfformat", sc, tuple(wfformat)))
     return out

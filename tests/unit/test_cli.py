@@ -263,3 +263,31 @@ def test_parallel_grid_matches_serial():
         ("sjf", 0), ("sjf", 1), ("tetris", 0), ("tetris", 1),
     ]  # fmt: skip
     assert seen == [0, 1, 2, 3, 4]
+
+
+def test_eval_writes_the_report_and_json_rows(tmp_path):
+    out = tmp_path / "eval"
+    r = dagsched(
+        "--home", str(tmp_path / "home"), "eval", "--model", str(REPO / "models" / "champion"),
+        "--policies", "champion,heft,random", "--seeds", "1", "--workflows", "3",
+        "--scenarios", "default,slack:tight", "--out", str(out), "--json",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert {(x["policy"], x["scenario"]) for x in rows} == {
+        (p, s)
+        for p in (str(REPO / "models" / "champion"), "heft", "random")
+        for s in ("default", "slack:tight")
+    }
+    for row in rows:
+        assert 0 <= row["sla_attainment"] <= 1 and row["mean_jct_s"] > 0
+        assert row["decision_ms"] > 0
+    for name in ("eval.md", "eval.csv", "eval.json", "sla.png", "jct.png"):
+        assert (out / name).stat().st_size > 0
+    bad = dagsched(
+        "--home", str(tmp_path / "home"), "eval", "--model", str(REPO / "models" / "champion"),
+        "--policies", "champion,nonsense", "--out", str(out), cwd=tmp_path,
+    )  # fmt: skip
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+    assert "nonsense" in bad.stderr
