@@ -17,10 +17,10 @@ from dagsched.sim.view import ClusterView, TaskView
 class GNNScheduler:
     """Places a batch of tasks.
 
-    `sequential=True` (the default) places them one by one, each observing the cluster with
-    the batch's earlier placements taken, as HEFT and the daemon's accounting do; without it,
-    a scatter of 20 ready siblings sees 20 identical clusters and piles onto one node. `False`
-    is one batched forward pass over the same snapshot (faster, for throughput benchmarks).
+    `place` puts them one by one, each observing the cluster with the batch's earlier
+    placements taken, as HEFT and the daemon's accounting do: from one snapshot, a scatter of
+    20 ready siblings would see 20 identical clusters and pile onto one node.
+    `place_observations` is one batched forward pass over observations already built.
     `deterministic=True` (serving) takes the argmax node and the Beta means; otherwise
     actions are sampled. `last_observations` keeps the raw features of the last batch so a
     caller (training, the decision log) can record what the decision was made from.
@@ -32,13 +32,11 @@ class GNNScheduler:
         normalizer: FeatureNormalizer,
         version: str,
         deterministic: bool = True,
-        sequential: bool = True,
     ) -> None:
         self.model = model.eval()
         self.normalizer = normalizer
         self.version = version
         self.deterministic = deterministic
-        self.sequential = sequential
         self.last_observations: list[Observation] = []
         self.last_units: list[list[float]] = []
         self.last_values: list[float] = []
@@ -46,8 +44,8 @@ class GNNScheduler:
     def place(self, cluster: ClusterView, tasks: Sequence[TaskView]) -> list[Placement]:
         if not cluster.alive.any():
             raise ValueError("no alive node to place on")
-        if not self.sequential or len(tasks) == 1:
-            return self.place_observations([observe(cluster, t) for t in tasks])
+        if len(tasks) == 1:
+            return self.place_observations([observe(cluster, tasks[0])])
         view = cluster.batch_copy()
         out: list[Placement] = []
         raw: list[Observation] = []

@@ -49,7 +49,7 @@ class BatchView:
         else:
             self.queue_len[node] += 1
             self.open[node] = False
-            self.queued_core_s[node] += d.res_cores[node] * duration_s
+            self.queued_core_s[node] += d.frac[0, node] * sim.cluster.cores_list[node] * duration_s
 
     def least_backlog(self, sim: Simulator, mask: np.ndarray) -> int:
         """Among `mask`, the node with the least queued and running work per core."""

@@ -111,8 +111,8 @@ def test_a_batch_is_placed_in_order_each_task_seeing_the_earlier_ones(
     node = placements[0].node
     assert second.nodes[node, used] > first.nodes[node, used]  # the first one is taken
     assert (cv.free_cores == sim.cluster.cores).all()  # the caller's view is not written
-    stale = GNNScheduler(model, normalizer, "t", sequential=False)
-    stale.place(cv, tasks)
+    stale = GNNScheduler(model, normalizer, "t")
+    stale.place_observations([observe(cv, t) for t in tasks])  # one snapshot for all
     assert np.array_equal(stale.last_observations[0].nodes, stale.last_observations[1].nodes)
 
 
