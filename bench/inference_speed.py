@@ -1,9 +1,11 @@
 """Inference speed: decisions per second of the shipped champion on CPU, for batches of 1, 16
 and 256 tasks on the default 32-node cluster.
 
-Two paths, both from raw observations to placements (normalise, collate, forward, act):
+Three paths, all from raw observations to placements (normalise, collate, forward, act):
 - `batched`: one forward pass for the whole batch (`place_observations`), the model's
   throughput, and what the issue's target (>= 5,000 decisions/s at batch 256) is about;
+- `compiled`: the same with `GNNScheduler.compile()` (torch.compile); its one-off compile
+  time is measured separately and reported;
 - `served`: `GNNScheduler.place` as the daemon calls it, which places a batch in order, one
   forward pass per task, each seeing the earlier placements (observation included).
 
@@ -12,6 +14,7 @@ until there are enough. Model loading and imports are excluded. Prints a table a
 JSON (default bench/results/inference_speed.json).
 
     .venv/bin/python bench/inference_speed.py [--batches 1,16,256] [--seconds 3] [--threads 0]
+        [--no-compile]
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ def main() -> None:
     ap.add_argument("--batches", default="1,16,256")
     ap.add_argument("--seconds", type=float, default=3.0, help="timed seconds per case")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile path")
     ap.add_argument("--out", type=Path, default=Path("bench/results/inference_speed.json"))
     args = ap.parse_args()
     if args.threads:
@@ -73,36 +77,48 @@ def main() -> None:
 
     sizes = [int(b) for b in args.batches.split(",")]
     points = decision_points(max(sizes))
-    sched = load_bundle(REPO / "models" / "champion", "bench")
+    raws: dict[int, list[Observation]] = {
+        b: [observe(cv, tv) for cv, tv in points[:b]] for b in sizes
+    }
+    eager = load_bundle(REPO / "models" / "champion", "bench")
+    compiled, compile_s = None, None
+    if not args.no_compile:
+        compiled = load_bundle(REPO / "models" / "champion", "bench").compile()
+        t0 = time.perf_counter()
+        for raw in raws.values():  # one compile per shape family, out of the timings
+            compiled.place_observations(raw)
+        compile_s = time.perf_counter() - t0
+
     rows = []
     for b in sizes:
-        raw: list[Observation] = [observe(cv, tv) for cv, tv in points[:b]]
+        raw = raws[b]
         cluster, tasks = points[b - 1][0], [tv for _, tv in points[:b]]
-        batched = rate(lambda raw=raw: sched.place_observations(raw), b, args.seconds)
-        served = rate(lambda c=cluster, t=tasks: sched.place(c, t), b, args.seconds)
-        rows.append(
-            {
-                "batch": b,
-                "batched_decisions_per_s": batched["decisions_per_s"],
-                "batched_ms_per_batch": batched["ms_per_batch"],
-                "served_decisions_per_s": served["decisions_per_s"],
-                "served_ms_per_batch": served["ms_per_batch"],
-            }
-        )
+        row: dict[str, Any] = {"batch": b}
+        cases: list[tuple[str, Callable[[], Any]]] = [
+            ("batched", lambda raw=raw: eager.place_observations(raw)),
+            ("served", lambda c=cluster, t=tasks: eager.place(c, t)),
+        ]
+        if compiled is not None:
+            cases.insert(1, ("compiled", lambda raw=raw: compiled.place_observations(raw)))
+        for name, run in cases:
+            r = rate(run, b, args.seconds)
+            row[f"{name}_decisions_per_s"] = r["decisions_per_s"]
+            row[f"{name}_ms_per_batch"] = r["ms_per_batch"]
+        rows.append(row)
 
     console = Console()
-    t = Table(title="Champion inference on CPU (32 nodes)")
-    for col in ("batch", "batched dec/s", "batched ms", "served dec/s", "served ms"):
+    t = Table(title="Champion inference on CPU (32 nodes): decisions/s (ms per batch)")
+    names = [n for n in ("batched", "compiled", "served") if f"{n}_decisions_per_s" in rows[0]]
+    for col in ("batch", *names):
         t.add_column(col, justify="right")
     for r in rows:
-        t.add_row(
-            str(r["batch"]),
-            f"{r['batched_decisions_per_s']:,.0f}",
-            f"{r['batched_ms_per_batch']:.1f}",
-            f"{r['served_decisions_per_s']:,.0f}",
-            f"{r['served_ms_per_batch']:.1f}",
-        )
+        cells = [
+            f"{r[f'{n}_decisions_per_s']:,.0f} ({r[f'{n}_ms_per_batch']:.1f})" for n in names
+        ]
+        t.add_row(str(r["batch"]), *cells)
     console.print(t)
+    if compile_s is not None:
+        console.print(f"torch.compile: {compile_s:.1f} s for the first call of each batch size")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     result = {
         "bench": "inference_speed",
@@ -111,6 +127,7 @@ def main() -> None:
         "torch_threads": torch.get_num_threads(),
         "cpus": os.cpu_count(),
         "model": "models/champion",
+        "compile_s": compile_s,
         "rows": rows,
     }
     args.out.write_text(json.dumps(result, indent=2) + "\n")

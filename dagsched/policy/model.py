@@ -149,7 +149,12 @@ def distributions(out: PolicyOutput, node: Tensor) -> tuple[Categorical, Beta]:
     """The node distribution, and the continuous one at the chosen `node` [B]."""
     idx = node.view(-1, 1, 1, 1).expand(-1, 1, 3, 2)
     conc = out.conc.gather(1, idx).squeeze(1)  # [B, 3, 2]
-    return Categorical(logits=out.logits), Beta(conc[..., 0], conc[..., 1])
+    # the model's outputs are valid by construction; argument checks cost more than a
+    # batch-of-one forward pass's tail
+    return (
+        Categorical(logits=out.logits, validate_args=False),
+        Beta(conc[..., 0], conc[..., 1], validate_args=False),
+    )
 
 
 def evaluate(out: PolicyOutput, node: Tensor, unit: Tensor) -> tuple[Tensor, Tensor]:
@@ -170,7 +175,7 @@ def act(out: PolicyOutput, deterministic: bool) -> tuple[Tensor, Tensor, Tensor]
         _, beta = distributions(out, node)
         unit = beta.mean.clamp(1e-4, 1 - 1e-4)
     else:
-        node = Categorical(logits=out.logits).sample()
+        node = Categorical(logits=out.logits, validate_args=False).sample()
         _, beta = distributions(out, node)
         unit = beta.sample().clamp(1e-4, 1 - 1e-4)
     logp, _ = evaluate(out, node, unit)

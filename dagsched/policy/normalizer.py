@@ -7,12 +7,15 @@ runs without the preprocessing it was trained with.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import joblib
 import numpy as np
+import torch
 from sklearn.preprocessing import StandardScaler
 
+from dagsched.policy.batching import ObsBatch
 from dagsched.policy.features import CLUSTER_FEATURES, DAG_FEATURES, NODE_FEATURES, Observation
 
 GROUPS = {"nodes": NODE_FEATURES, "cluster": CLUSTER_FEATURES, "dag": DAG_FEATURES}
@@ -24,6 +27,7 @@ class FeatureNormalizer:
     def __init__(self) -> None:
         self.scalers: dict[str, StandardScaler] = {g: StandardScaler() for g in GROUPS}
         self.fitted = False
+        self._stats: dict[str, tuple[np.ndarray, np.ndarray]] = {}
 
     def fit(self, observations: Sequence[Observation]) -> FeatureNormalizer:
         """Fit every group on the rows of `observations` (alive nodes only for nodes)."""
@@ -33,6 +37,7 @@ class FeatureNormalizer:
         self.scalers["cluster"].fit(np.stack([o.cluster for o in observations]))
         self.scalers["dag"].fit(np.concatenate([o.dag for o in observations]))
         self.fitted = True
+        self._stats = {}
         return self
 
     def transform(self, o: Observation) -> Observation:
@@ -49,10 +54,34 @@ class FeatureNormalizer:
             anchor=o.anchor,
         )
 
+    def transform_batch(self, batch: ObsBatch) -> ObsBatch:
+        """`batch` (collated raw observations) normalised in three tensor operations: the
+        same numbers as collating `transform`ed observations, except in padded node rows,
+        which the model masks. The fast path for serving large batches."""
+        if not self.fitted:
+            raise RuntimeError("normalizer used before it was fitted")
+
+        def apply(group: str, x: torch.Tensor) -> torch.Tensor:
+            mean, inv = (torch.from_numpy(a.astype(np.float32)) for a in self.stats(group))
+            return ((x - mean) * inv).clamp(-10.0, 10.0)
+
+        return replace(
+            batch,
+            nodes=apply("nodes", batch.nodes),
+            cluster=apply("cluster", batch.cluster),
+            dag_x=apply("dag", batch.dag_x),
+        )
+
+    def stats(self, group: str) -> tuple[np.ndarray, np.ndarray]:
+        """(mean, 1 / scale) of a group; a constant feature is scaled by 1."""
+        if group not in self._stats:
+            s = self.scalers[group]
+            self._stats[group] = (s.mean_, 1.0 / np.where(s.scale_ > 0, s.scale_, 1.0))
+        return self._stats[group]
+
     def _apply(self, group: str, x: np.ndarray) -> np.ndarray:
-        s = self.scalers[group]
-        scale = np.where(s.scale_ > 0, s.scale_, 1.0)
-        return np.clip((x - s.mean_) / scale, -10.0, 10.0).astype(np.float32)
+        mean, inv = self.stats(group)
+        return np.clip((x - mean) * inv, -10.0, 10.0).astype(np.float32, copy=False)
 
     def save(self, path: Path) -> None:
         """Write with joblib."""

@@ -142,3 +142,39 @@ def test_permuting_the_nodes_permutes_the_logits(normalizer: FeatureNormalizer) 
     assert torch.allclose(a.logits[0, perm], b.logits[0], atol=1e-5)
     assert torch.allclose(a.conc[0, perm], b.conc[0], atol=1e-5)
     assert torch.allclose(a.value, b.value, atol=1e-5)
+
+
+def _mixed_cluster_sizes(normalizer: FeatureNormalizer):
+    """Raw observations from an 8- and a 16-node cluster: the batch pads the smaller one."""
+    raw = []
+    for n in (8, 16):
+        sim, batch = _first_batch(n)
+        cv = cluster_view(sim)
+        raw += [observe(cv, task_view(t)) for t in batch]
+    return raw
+
+
+def test_batch_normalisation_matches_normalising_each_observation(
+    normalizer: FeatureNormalizer,
+) -> None:
+    raw = _mixed_cluster_sizes(normalizer)
+    each = collate([normalizer.transform(o) for o in raw])
+    batch = normalizer.transform_batch(collate(raw))
+    assert torch.allclose(batch.cluster, each.cluster, atol=1e-5)
+    assert torch.allclose(batch.dag_x, each.dag_x, atol=1e-5)
+    for i, o in enumerate(raw):  # rows past a cluster's own nodes are padding, masked
+        k = o.nodes.shape[0]
+        assert torch.allclose(batch.nodes[i, :k], each.nodes[i, :k], atol=1e-5)
+        assert not batch.mask[i, k:].any()
+    assert not torch.equal(batch.nodes, collate(raw).nodes)
+
+
+def test_compiled_forward_places_like_the_eager_model(
+    model: ActorCritic, normalizer: FeatureNormalizer
+) -> None:
+    raw = _mixed_cluster_sizes(normalizer)
+    eager = GNNScheduler(model, normalizer, "t").place_observations(raw)
+    compiled = GNNScheduler(model, normalizer, "t").compile().place_observations(raw)
+    assert [p.node for p in compiled] == [p.node for p in eager]
+    for c, e in zip(compiled, eager, strict=True):
+        assert abs(c.cpu - e.cpu) < 1e-4 and abs(c.mem - e.mem) < 1e-4
