@@ -336,6 +336,7 @@ class RedisState:
                 "reported_queue_len": msg.queue_len,
                 "net_in_bytes": repr(msg.net_in_bytes),
                 "failure_rate": repr(msg.failure_rate),
+                "slowdown": repr(msg.slowdown),
             },
         )
         # the ledger starts full; later heartbeats never overwrite it
@@ -390,4 +391,5 @@ def build_view(
         queued_core_s=col("queued_core_s"),
         net_in_bytes=col("net_in_bytes"),
         failure_rate=col("failure_rate"),
+        slowdown=col("slowdown", 1.0),
     )

@@ -440,6 +440,7 @@ class Replay:
                 queue_len=c.queue_len[i],
                 net_in_bytes=c.net_in_bytes(i, sim.now),
                 failure_rate=c.failure_rate(i, sim.now),
+                slowdown=c.observed_slowdown[i],
             ),
         )
 

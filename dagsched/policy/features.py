@@ -6,7 +6,9 @@ tests can use it without importing torch-geometric.
 
 Per cluster node (NODE_FEATURES) the features describe the node and the node *for this task*
 (speed for its type, estimated transfer, queue wait and finish time, whether its demand fits
-now), so one shared scorer can rank any number of nodes.
+now), so one shared scorer can rank any number of nodes. Run-time estimates take the node's
+advertised speed times its measured slowdown (`ClusterView.slowdown`), so a node that has
+turned slow looks slow as soon as its finished tasks show it.
 """
 
 from __future__ import annotations
@@ -159,7 +161,7 @@ def observe(cluster: ClusterView, task: TaskView, rank: list[float] | None = Non
     res_c, res_m = cpu_f * cluster.cores, mem_f * cluster.mem_gb
     speed = cluster.speed[:, int(spec.type)]
     slow = np.maximum(1.0, spec.cpu_cores / res_c)
-    compute = spec.duration_s / speed * slow
+    compute = spec.duration_s / speed * slow * cluster.slowdown
     transfer = transfer_estimate_s(cluster, task)
     fits = (
         (cluster.free_cores >= res_c - 1e-9)

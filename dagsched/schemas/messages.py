@@ -194,6 +194,8 @@ class NodeHeartbeatMsg(_Message):
     queue_len: Annotated[int, Field(ge=0, le=10_000_000)] = 0
     net_in_bytes: Bytes = 0.0
     failure_rate: Annotated[float, Field(ge=0, le=1e6)] = 0.0
+    # measured: actual / advertised run time of the node's recent tasks (1 = as advertised)
+    slowdown: Annotated[float, Field(gt=0, le=1e4)] = 1.0
 
 
 class NodeDownMsg(_Message):

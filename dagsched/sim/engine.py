@@ -379,6 +379,10 @@ class Simulator:
             self.on_outcome(t, o, r)
 
     def _finish(self, t: TaskRun) -> None:
+        c, spec = self.cluster, t.spec
+        slow = spec.cpu_cores / t.res_cores
+        advertised = spec.duration_s / c.speed_rows[t.node][spec.type] * (slow if slow > 1 else 1.0)
+        c.record_run(t.node, self.now - t.compute_start_s, advertised)
         self._outcome(t, failed=False)
         self._end_attempt(t, "done")
         t.state = _DONE

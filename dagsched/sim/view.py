@@ -21,7 +21,9 @@ if TYPE_CHECKING:
 
 @dataclass(slots=True)
 class ClusterView:
-    """Per-node arrays (length n) at time `now`. `speed` is [n, 4]: node speed per task type."""
+    """Per-node arrays (length n) at time `now`. `speed` is [n, 4]: node speed per task type,
+    as advertised; `slowdown` is the measured ratio of actual to advertised run time (1 on a
+    node that performs as advertised)."""
 
     now: float
     node_ids: list[str]
@@ -39,6 +41,7 @@ class ClusterView:
     queued_core_s: np.ndarray
     net_in_bytes: np.ndarray
     failure_rate: np.ndarray
+    slowdown: np.ndarray
 
     @property
     def n(self) -> int:
@@ -70,7 +73,8 @@ class ClusterView:
             self.free_mem[node] -= mem_gb
         else:
             self.queue_len[node] += 1
-            self.queued_core_s[node] += cores * spec.duration_s / self.speed[node, int(spec.type)]
+            run_s = spec.duration_s / self.speed[node, int(spec.type)] * self.slowdown[node]
+            self.queued_core_s[node] += cores * run_s
         return fits
 
 
@@ -112,6 +116,7 @@ def cluster_view(sim: Simulator) -> ClusterView:
         queued_core_s=np.array(c.queued_core_s),
         net_in_bytes=np.array([c.net_in_bytes(i, now) for i in range(c.n)]),
         failure_rate=np.array([c.failure_rate(i, now) for i in range(c.n)]),
+        slowdown=np.array(c.observed_slowdown),
     )
 
 

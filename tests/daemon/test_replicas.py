@@ -86,3 +86,15 @@ async def test_two_replicas_share_partitions_and_decide_each_task_once(
     for node in nodes:  # what holds a reservation never exceeds the node
         held = [e for e in await rstate.ledger(node) if e["state"] == "r"]
         assert sum(float(e["cores"]) for e in held) <= 16 + 1e-9
+
+
+async def test_heartbeat_telemetry_reaches_the_view(rstate: RedisState):
+    await _node(rstate, "n1", cores=8, mem=64)  # an old-style heartbeat: no slowdown
+    hb = NodeHeartbeatMsg(
+        node="n2", at=1, kind="cpu", zone=0, cores=8, mem_gb=64, failure_rate=0.5, slowdown=2.5
+    )
+    await rstate.apply_event(hb)
+    view = await rstate.cluster_view()
+    assert view.node_ids == ["n1", "n2"]
+    assert view.slowdown.tolist() == [1.0, 2.5]
+    assert view.failure_rate.tolist() == [0.0, 0.5]

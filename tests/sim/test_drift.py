@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
+from dagsched.policy.features import NODE_FEATURES, observe
 from dagsched.sim.config import DriftConfig, FaultConfig
 from dagsched.sim.engine import Simulator
 from dagsched.sim.runner import generate_workflows, make_policy
+from dagsched.sim.view import cluster_view, task_view
 from tests.sim.conftest import small_scenario
 
 
@@ -60,3 +63,35 @@ def test_drift_multiplies_the_node_failure_rate() -> None:
         out = sim.run(make_policy("least_loaded", 5))
         counts.append(out["node_failures"] / sim.summary()["node_hours"])
     assert 3.0 < counts[1] / counts[0] < 8.0, counts
+
+
+def test_the_measured_slowdown_follows_what_finished_tasks_show() -> None:
+    sim, ratios = _slowdown_by_node(DriftConfig(at_s=0.0, slowdown=3.0, failure_mult=1.0))
+    hit = set(DriftConfig(at_s=0).nodes(sim.cluster.n))
+    measured = sim.cluster.observed_slowdown
+    for node in ratios:  # every node that finished something
+        if node in hit:
+            assert 1.5 < measured[node] <= 3.0 + 1e-9, node
+        else:
+            assert abs(measured[node] - 1.0) < 1e-9, node
+    view_slowdown = cluster_view(sim).slowdown
+    assert view_slowdown.tolist() == measured
+    # what a policy sees: the estimated run time on a node scales with its measured slowdown
+    quiet, _ = _slowdown_by_node(None)
+    assert all(abs(s - 1.0) < 1e-9 for s in quiet.cluster.observed_slowdown)
+
+
+def test_a_measured_slowdown_lengthens_the_estimates_in_the_observation() -> None:
+    sc = small_scenario(workflows=3)
+    sim = Simulator(sc, generate_workflows(sc, 0), seed=0)
+    batch = sim.advance()
+    assert batch is not None
+    cv, tv = cluster_view(sim), task_view(batch[0])
+    slowed = replace(cv, slowdown=np.where(np.arange(cv.n) == 2, 3.0, 1.0))
+    a, b = observe(cv, tv).nodes, observe(slowed, tv).nodes
+    for name in ("log_compute_s", "log_finish_s"):
+        col = NODE_FEATURES.index(name)
+        assert b[2, col] > a[2, col]
+        assert np.array_equal(np.delete(b[:, col], 2), np.delete(a[:, col], 2))
+    speed = NODE_FEATURES.index("speed")  # the advertised speed is what it was
+    assert np.array_equal(a[:, speed], b[:, speed])
