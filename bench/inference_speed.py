@@ -112,9 +112,7 @@ def main() -> None:
     for col in ("batch", *names):
         t.add_column(col, justify="right")
     for r in rows:
-        cells = [
-            f"{r[f'{n}_decisions_per_s']:,.0f} ({r[f'{n}_ms_per_batch']:.1f})" for n in names
-        ]
+        cells = [f"{r[f'{n}_decisions_per_s']:,.0f} ({r[f'{n}_ms_per_batch']:.1f})" for n in names]
         t.add_row(str(r["batch"]), *cells)
     console.print(t)
     if compile_s is not None:

@@ -26,15 +26,27 @@ from dagsched.settings import load_settings
 def measure(updates: int, device: str) -> dict[str, float | str]:
     s = load_settings()
     stamps: list[float] = []
-    result = train(s.sim, s.train, updates=updates, seed=0, warm_start=None,
-                   imitation_episodes=2, device=torch.device(device),
-                   on_update=lambda u, total: stamps.append(time.perf_counter()))
+    result = train(
+        s.sim,
+        s.train,
+        updates=updates,
+        seed=0,
+        warm_start=None,
+        imitation_episodes=2,
+        device=torch.device(device),
+        on_update=lambda u, total: stamps.append(time.perf_counter()),
+    )
     span = stamps[-1] - stamps[0]
     timed = len(stamps) - 1  # the first update includes warm-up; time the rest
     per_update = result.decisions / result.updates
-    return {"device": device, "threads": torch.get_num_threads(), "updates_timed": timed,
-            "updates_per_s": timed / span, "decisions_per_s": timed * per_update / span,
-            "decisions_per_update": per_update}
+    return {
+        "device": device,
+        "threads": torch.get_num_threads(),
+        "updates_timed": timed,
+        "updates_per_s": timed / span,
+        "decisions_per_s": timed * per_update / span,
+        "decisions_per_update": per_update,
+    }
 
 
 def main() -> None:
@@ -47,12 +59,27 @@ def main() -> None:
     t = Table(title="PPO training speed")
     for col in ("device", "threads", "updates timed", "updates/s", "decisions/s"):
         t.add_column(col, justify="right")
-    t.add_row(str(row["device"]), str(row["threads"]), str(row["updates_timed"]),
-              f"{row['updates_per_s']:.3f}", f"{row['decisions_per_s']:.1f}")
+    t.add_row(
+        str(row["device"]),
+        str(row["threads"]),
+        str(row["updates_timed"]),
+        f"{row['updates_per_s']:.3f}",
+        f"{row['decisions_per_s']:.1f}",
+    )
     Console().print(t)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"bench": "train_speed", "python": platform.python_version(),
-                                    "torch": torch.__version__, **row}, indent=2) + "\n")
+    args.out.write_text(
+        json.dumps(
+            {
+                "bench": "train_speed",
+                "python": platform.python_version(),
+                "torch": torch.__version__,
+                **row,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
 
 
 if __name__ == "__main__":
