@@ -38,9 +38,7 @@ def _dagsched_services() -> dict[str, dict[str, Any]]:
 
 def test_the_stack_has_every_part_design_names() -> None:
     services = _stack()["services"]
-    assert {"kafka", "redis", "mlflow", "daemon", "learner", "evaluator", "replay"} <= set(
-        services
-    )
+    assert {"kafka", "redis", "mlflow", "daemon", "learner", "evaluator", "replay"} <= set(services)
     assert services["daemon"]["deploy"]["replicas"] >= 2
     assert services["kafka"]["image"].startswith("apache/kafka:")
     assert "broker,controller" in str(services["kafka"]["environment"])  # KRaft
@@ -86,10 +84,7 @@ def test_each_service_environment_is_valid_settings(name: str) -> None:
 def test_the_image_copies_what_exists_with_the_pinned_torch() -> None:
     text = DOCKERFILE.read_text()
     sources = [
-        src
-        for line in text.splitlines()
-        if line.startswith("COPY ")
-        for src in line.split()[1:-1]
+        src for line in text.splitlines() if line.startswith("COPY ") for src in line.split()[1:-1]
     ]
     assert sources, "no COPY lines"
     for src in sources:
