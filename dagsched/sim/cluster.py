@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 
 # Failure-rate memory: an exponentially weighted count of recent task failures per node.
 FAILURE_HALF_LIFE_S = 1800.0
-# Measured slowdown: each finished task moves a node's estimate this far towards its ratio.
+# Measured slowdown: each finished task moves its node's estimate this far towards the task's
+# observed / advertised compute time (an exponentially weighted average; see Simulator._finish).
 SLOWDOWN_WEIGHT = 0.3
 
 
@@ -132,7 +133,8 @@ class Cluster:
         )
         # hidden slowdown per node (a drift): actual run time = advertised time x slowdown
         self.slowdown: list[float] = [1.0] * n
-        # what can be measured of it: observed / advertised compute time of recent tasks
+        # what can be measured of it: observed / advertised compute time of recent tasks, as a
+        # node agent comparing run times with their estimates would report it
         self.observed_slowdown: list[float] = [1.0] * n
         self.network = Network([x.zone for x in infos], self.net_gbps.tolist(), cfg, rng)
 
@@ -220,15 +222,6 @@ class Cluster:
             self.failures[node] *= 0.5 ** (dt / FAILURE_HALF_LIFE_S)
             self.failures_at[node] = now
         return self.failures[node]
-
-    def record_run(self, node: int, observed_s: float, advertised_s: float) -> None:
-        """A task finished on `node`: its compute took `observed_s` where the node's advertised
-        speed implied `advertised_s`. The node's measured slowdown moves towards the ratio
-        (an exponentially weighted average, SLOWDOWN_WEIGHT per task), as a node agent
-        comparing run times with their estimates would report it."""
-        if advertised_s > 0:
-            old = self.observed_slowdown[node]
-            self.observed_slowdown[node] = old + SLOWDOWN_WEIGHT * (observed_s / advertised_s - old)
 
     def total_cores(self) -> float:
         return float(self.cores.sum())

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from dagsched.sim.cluster import Cluster
+from dagsched.sim.cluster import SLOWDOWN_WEIGHT, Cluster
 from dagsched.sim.config import DriftConfig, ScenarioConfig
 from dagsched.sim.metrics import Metrics
 from dagsched.sim.reward import TaskOutcome, decision_reward
@@ -303,13 +303,10 @@ class Simulator:
         t.transfer_s, t.transfer_bytes = xfer, nbytes
         if nbytes > 0:
             c.receive(node, now, now + xfer, nbytes)
-        slow = spec.cpu_cores / t.res_cores
-        t.compute_s = (
-            spec.duration_s
-            * c.slowdown[node]
-            / c.speed_rows[node][spec.type]
-            * (slow if slow > 1 else 1.0)
-        )
+        throttle = spec.cpu_cores / t.res_cores  # reserved below demand: proportionally slower
+        advertised = spec.duration_s / c.speed_rows[node][spec.type]
+        t.advertised_s = advertised * throttle if throttle > 1 else advertised
+        t.compute_s = t.advertised_s * c.slowdown[node]
         t.compute_start_s = now + xfer + spec.cold_start_s
         if t.res_mem < spec.mem_gb:  # memory grows with progress until it crosses the limit
             at = t.compute_start_s + t.compute_s * t.res_mem / spec.mem_gb
@@ -379,10 +376,10 @@ class Simulator:
             self.on_outcome(t, o, r)
 
     def _finish(self, t: TaskRun) -> None:
-        c, spec = self.cluster, t.spec
-        slow = spec.cpu_cores / t.res_cores
-        advertised = spec.duration_s / c.speed_rows[t.node][spec.type] * (slow if slow > 1 else 1.0)
-        c.record_run(t.node, self.now - t.compute_start_s, advertised)
+        # the node's measured slowdown moves towards this task's observed / advertised time
+        seen, node = self.cluster.observed_slowdown, t.node
+        ratio = (self.now - t.compute_start_s) / t.advertised_s
+        seen[node] += SLOWDOWN_WEIGHT * (ratio - seen[node])
         self._outcome(t, failed=False)
         self._end_attempt(t, "done")
         t.state = _DONE

@@ -88,6 +88,7 @@ class TaskRun:
     """One task's runtime state across its attempts."""
 
     __slots__ = (
+        "advertised_s",
         "attempt",
         "compute_s",
         "compute_start_s",
@@ -128,6 +129,7 @@ class TaskRun:
         self.max_retries = RETRY_BOUNDS[0]
         self.ready_s = self.start_s = self.compute_start_s = self.end_s = 0.0
         self.compute_s = self.transfer_s = self.transfer_bytes = 0.0
+        self.advertised_s = 0.0  # compute time the node's advertised speed implies
         self.decided_jain = 1.0
         self.token = 0
 
