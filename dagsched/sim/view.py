@@ -73,8 +73,8 @@ class ClusterView:
             self.free_mem[node] -= mem_gb
         else:
             self.queue_len[node] += 1
-            run_s = spec.duration_s / self.speed[node, int(spec.type)] * self.slowdown[node]
-            self.queued_core_s[node] += cores * run_s
+            # as the cluster's own queue accounting does: at the advertised speed
+            self.queued_core_s[node] += cores * spec.duration_s / self.speed[node, int(spec.type)]
         return fits
 
 
