@@ -41,6 +41,24 @@ class ObsBatch:
         )
 
 
+def collate_dags(
+    dags: Sequence[tuple[np.ndarray, np.ndarray]], task_idx: Sequence[int]
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The DAG part of a batch from (features, edges) per decision: `dag_x`, `dag_edges`
+    (both directions), `dag_batch` and `this_task`, as `ActorCritic.encode_dag` takes them."""
+    sizes = [d.shape[0] for d, _ in dags]
+    offsets = np.cumsum([0, *sizes[:-1]])
+    dag_x = np.concatenate([d for d, _ in dags])
+    edges = np.concatenate([e + off for (_, e), off in zip(dags, offsets, strict=True)], axis=1)
+    edges = np.concatenate([edges, edges[::-1]], axis=1)
+    return (
+        torch.from_numpy(dag_x.astype(np.float32)),
+        torch.from_numpy(edges.astype(np.int64)),
+        torch.from_numpy(np.repeat(np.arange(len(dags)), sizes).astype(np.int64)),
+        torch.from_numpy((offsets + np.asarray(task_idx)).astype(np.int64)),
+    )
+
+
 def collate(obs: Sequence[Observation]) -> ObsBatch:
     """Stack normalised observations; DAG edges are added in both directions."""
     b = len(obs)
@@ -54,19 +72,16 @@ def collate(obs: Sequence[Observation]) -> ObsBatch:
         nodes[i, :k] = o.nodes
         mask[i, :k] = o.mask
         anchor[i, :k] = o.anchor
-    offsets = np.cumsum([0] + [o.dag.shape[0] for o in obs[:-1]])
-    dag_x = np.concatenate([o.dag for o in obs])
-    edges = np.concatenate([o.edges + off for o, off in zip(obs, offsets, strict=True)], axis=1)
-    edges = np.concatenate([edges, edges[::-1]], axis=1)
-    dag_batch = np.repeat(np.arange(b), [o.dag.shape[0] for o in obs])
-    this = offsets + np.array([o.task_idx for o in obs])
+    dag_x, dag_edges, dag_batch, this_task = collate_dags(
+        [(o.dag, o.edges) for o in obs], [o.task_idx for o in obs]
+    )
     return ObsBatch(
         nodes=torch.from_numpy(nodes),
         mask=torch.from_numpy(mask),
         cluster=torch.from_numpy(np.stack([o.cluster for o in obs]).astype(np.float32)),
-        dag_x=torch.from_numpy(dag_x.astype(np.float32)),
-        dag_edges=torch.from_numpy(edges.astype(np.int64)),
-        dag_batch=torch.from_numpy(dag_batch.astype(np.int64)),
-        this_task=torch.from_numpy(this.astype(np.int64)),
+        dag_x=dag_x,
+        dag_edges=dag_edges,
+        dag_batch=dag_batch,
+        this_task=this_task,
         anchor=torch.from_numpy(anchor),
     )

@@ -151,9 +151,38 @@ def transfer_estimate_s(cluster: ClusterView, task: TaskView) -> np.ndarray:
     return out
 
 
-def observe(cluster: ClusterView, task: TaskView, rank: list[float] | None = None) -> Observation:
-    """Raw features for placing `task` on `cluster`. `rank` caches the DAG's upward ranks."""
-    wf, spec = task.workflow, task.workflow.tasks[task.idx]
+def dag_features(task: TaskView, rank: list[float] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The task's workflow as a graph: DAG_FEATURES per task [size, F] and edges [2, E].
+
+    Depends on the task and where its workflow stands, not on the cluster, so the tasks of
+    one batch keep theirs while earlier placements change the cluster. `rank` caches the
+    DAG's upward ranks."""
+    wf = task.workflow
+    rank = rank if rank is not None else upward_rank(wf)
+    dag = np.zeros((wf.size, len(DAG_FEATURES)), dtype=np.float32)
+    for i, t in enumerate(wf.tasks):
+        dag[i, int(t.type)] = 1.0
+        dag[i, 4] = np.log1p(t.duration_s)
+        dag[i, 5] = t.cpu_cores
+        dag[i, 6] = t.mem_gb
+        dag[i, 7] = np.log1p(t.input_bytes / GB)
+        dag[i, 8] = np.log1p(rank[i])
+    dag[:, 9] = task.done
+    dag[:, 10] = task.active
+    dag[task.idx, 11] = 1.0
+    edges = np.array(wf.edges, dtype=np.int64).T.reshape(2, -1)
+    return dag, edges
+
+
+def observe(
+    cluster: ClusterView,
+    task: TaskView,
+    rank: list[float] | None = None,
+    dag: tuple[np.ndarray, np.ndarray] | None = None,
+) -> Observation:
+    """Raw features for placing `task` on `cluster`. `rank` caches the DAG's upward ranks;
+    `dag` is the task's `dag_features` when the caller has them already."""
+    spec = task.workflow.tasks[task.idx]
     alive = cluster.alive.astype(bool)
     inv_c = 1.0 / cluster.cores
     cpu_used = 1.0 - cluster.free_cores * inv_c
@@ -212,19 +241,7 @@ def observe(cluster: ClusterView, task: TaskView, rank: list[float] | None = Non
         dtype=np.float32,
     )
 
-    rank = rank if rank is not None else upward_rank(wf)
-    dag = np.zeros((wf.size, len(DAG_FEATURES)), dtype=np.float32)
-    for i, t in enumerate(wf.tasks):
-        dag[i, int(t.type)] = 1.0
-        dag[i, 4] = np.log1p(t.duration_s)
-        dag[i, 5] = t.cpu_cores
-        dag[i, 6] = t.mem_gb
-        dag[i, 7] = np.log1p(t.input_bytes / GB)
-        dag[i, 8] = np.log1p(rank[i])
-    dag[:, 9] = task.done
-    dag[:, 10] = task.active
-    dag[task.idx, 11] = 1.0
-    edges = np.array(wf.edges, dtype=np.int64).T.reshape(2, -1)
+    dag_x, edges = dag if dag is not None else dag_features(task, rank)
     anchor = np.stack(
         [
             (cpu_f - CPU_BOUNDS[0]) / (CPU_BOUNDS[1] - CPU_BOUNDS[0]),
@@ -237,7 +254,7 @@ def observe(cluster: ClusterView, task: TaskView, rank: list[float] | None = Non
         nodes=nodes,
         mask=alive.copy(),
         cluster=cl,
-        dag=dag,
+        dag=dag_x,
         edges=edges,
         task_idx=task.idx,
         anchor=anchor,

@@ -96,11 +96,28 @@ class ActorCritic(nn.Module):
         this_task: Tensor,  # [B] index into dag_x of the task being placed
         anchor: Tensor,  # [B, N, 3] the task's demand per node, in unit action space
     ) -> PolicyOutput:
+        dag = self.encode_dag(dag_x, dag_edges, dag_batch, this_task, nodes.shape[0])
+        return self.heads(nodes, mask, cluster, dag, anchor)
+
+    def encode_dag(
+        self, dag_x: Tensor, dag_edges: Tensor, dag_batch: Tensor, this_task: Tensor, size: int
+    ) -> Tensor:
+        """Per decision, the attention-pooled DAG and the placed task's embedding: [B, 2H].
+
+        The expensive part, and independent of the cluster: a batch placed in order encodes
+        its tasks' DAGs once, then runs `heads` per task as the cluster changes."""
         x = torch.tanh(self.dag_in(dag_x))
         x = torch.tanh(self.gat1(x, dag_edges)) + x
         x = torch.tanh(self.gat2(x, dag_edges)) + x
-        pooled = self.pool(x, dag_batch, dim_size=nodes.shape[0])
-        ctx = torch.tanh(self.cluster_mlp(torch.cat([cluster, pooled, x[this_task]], dim=-1)))
+        pooled = self.pool(x, dag_batch, dim_size=size)
+        return torch.cat([pooled, x[this_task]], dim=-1)
+
+    def heads(
+        self, nodes: Tensor, mask: Tensor, cluster: Tensor, dag: Tensor, anchor: Tensor
+    ) -> PolicyOutput:
+        """Everything after the DAG encoder (`dag` from `encode_dag`): node scores, the
+        continuous head and the value."""
+        ctx = torch.tanh(self.cluster_mlp(torch.cat([cluster, dag], dim=-1)))
         node_emb = torch.tanh(self.node_mlp(nodes))  # [B, N, H]
         pair = torch.cat([node_emb, ctx[:, None, :].expand_as(node_emb)], dim=-1)
         logits = self.scorer(pair).squeeze(-1)
@@ -169,14 +186,15 @@ def act(out: PolicyOutput, deterministic: bool) -> tuple[Tensor, Tensor, Tensor]
     """Choose actions: (node [B], unit continuous [B, 3], log-prob [B]).
 
     Deterministic: argmax node and the Beta means (serving). Otherwise sampled (training).
+    The log-probability is `evaluate`'s, without the entropy it does not need.
     """
     if deterministic:
         node = out.logits.argmax(-1)
-        _, beta = distributions(out, node)
-        unit = beta.mean.clamp(1e-4, 1 - 1e-4)
     else:
         node = Categorical(logits=out.logits, validate_args=False).sample()
-        _, beta = distributions(out, node)
-        unit = beta.sample().clamp(1e-4, 1 - 1e-4)
-    logp, _ = evaluate(out, node, unit)
-    return node, unit, logp
+    idx = node.view(-1, 1, 1, 1).expand(-1, 1, 3, 2)
+    conc = out.conc.gather(1, idx).squeeze(1)  # [B, 3, 2]
+    beta = Beta(conc[..., 0], conc[..., 1], validate_args=False)
+    unit = (beta.mean if deterministic else beta.sample()).clamp(1e-4, 1 - 1e-4)
+    node_logp = torch.log_softmax(out.logits, -1).gather(-1, node[:, None]).squeeze(-1)
+    return node, unit, node_logp + beta.log_prob(unit).sum(-1)

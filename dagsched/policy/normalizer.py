@@ -28,6 +28,7 @@ class FeatureNormalizer:
         self.scalers: dict[str, StandardScaler] = {g: StandardScaler() for g in GROUPS}
         self.fitted = False
         self._stats: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self._tensors: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def fit(self, observations: Sequence[Observation]) -> FeatureNormalizer:
         """Fit every group on the rows of `observations` (alive nodes only for nodes)."""
@@ -37,7 +38,7 @@ class FeatureNormalizer:
         self.scalers["cluster"].fit(np.stack([o.cluster for o in observations]))
         self.scalers["dag"].fit(np.concatenate([o.dag for o in observations]))
         self.fitted = True
-        self._stats = {}
+        self._stats, self._tensors = {}, {}
         return self
 
     def transform(self, o: Observation) -> Observation:
@@ -61,16 +62,25 @@ class FeatureNormalizer:
         if not self.fitted:
             raise RuntimeError("normalizer used before it was fitted")
 
-        def apply(group: str, x: torch.Tensor) -> torch.Tensor:
-            mean, inv = (torch.from_numpy(a.astype(np.float32)) for a in self.stats(group))
-            return ((x - mean) * inv).clamp(-10.0, 10.0)
-
         return replace(
             batch,
-            nodes=apply("nodes", batch.nodes),
-            cluster=apply("cluster", batch.cluster),
-            dag_x=apply("dag", batch.dag_x),
+            nodes=self.normalize("nodes", batch.nodes),
+            cluster=self.normalize("cluster", batch.cluster),
+            dag_x=self.normalize("dag", batch.dag_x),
         )
+
+    def normalize(self, group: str, x: torch.Tensor) -> torch.Tensor:
+        """Raw features of one group (nodes, cluster or dag), as a tensor, normalised."""
+        if not self.fitted:
+            raise RuntimeError("normalizer used before it was fitted")
+        if group not in self._tensors:
+            m, i = self.stats(group)
+            self._tensors[group] = (
+                torch.from_numpy(m.astype(np.float32)),
+                torch.from_numpy(i.astype(np.float32)),
+            )
+        mean, inv = self._tensors[group]
+        return ((x - mean) * inv).clamp(-10.0, 10.0)
 
     def stats(self, group: str) -> tuple[np.ndarray, np.ndarray]:
         """(mean, 1 / scale) of a group; a constant feature is scaled by 1."""

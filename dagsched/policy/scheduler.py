@@ -7,11 +7,12 @@ from collections.abc import Callable, Sequence
 import torch
 
 from dagsched.policy.api import Placement
-from dagsched.policy.batching import collate
-from dagsched.policy.features import Observation, observe
+from dagsched.policy.batching import collate, collate_dags
+from dagsched.policy.features import Observation, dag_features, observe
 from dagsched.policy.model import ActorCritic, PolicyOutput, act, from_unit
 from dagsched.policy.normalizer import FeatureNormalizer
 from dagsched.sim.view import ClusterView, TaskView
+from dagsched.sim.workflow import upward_rank
 
 
 class GNNScheduler:
@@ -59,14 +60,39 @@ class GNNScheduler:
             raise ValueError("no alive node to place on")
         if len(tasks) == 1:
             return self.place_observations([observe(cluster, tasks[0])])
+        return self._place_in_order(cluster, tasks)
+
+    @torch.no_grad()
+    def _place_in_order(self, cluster: ClusterView, tasks: Sequence[TaskView]) -> list[Placement]:
+        """One DAG-encoder pass for the whole batch (a task's DAG features do not depend on
+        the cluster), then per task, in order: observe the cluster with the earlier
+        placements taken, run the heads, take the placement."""
+        ranks: dict[int, list[float]] = {}
+        dags = []
+        for t in tasks:
+            key = id(t.workflow)
+            if key not in ranks:
+                ranks[key] = upward_rank(t.workflow)
+            dags.append(dag_features(t, ranks[key]))
+        dag_x, edges, dag_batch, this = collate_dags(dags, [t.idx for t in tasks])
+        dag_x = self.normalizer.normalize("dag", dag_x)
+        encoded = self.model.encode_dag(dag_x, edges, dag_batch, this, len(tasks))
+
         view = cluster.batch_copy()
         out: list[Placement] = []
         raw: list[Observation] = []
         units: list[list[float]] = []
         values: list[float] = []
-        for t in tasks:
-            o = observe(view, t)
-            (p,) = self.place_observations([o])
+        for i, t in enumerate(tasks):
+            o = observe(view, t, dag=dags[i])
+            result = self.model.heads(
+                self.normalizer.normalize("nodes", torch.from_numpy(o.nodes)[None]),
+                torch.from_numpy(o.mask)[None],
+                self.normalizer.normalize("cluster", torch.from_numpy(o.cluster)[None]),
+                encoded[i : i + 1],
+                torch.from_numpy(o.anchor)[None],
+            )
+            (p,) = self._decide(result)
             out.append(p)
             raw.append(o)
             units += self.last_units
@@ -77,12 +103,16 @@ class GNNScheduler:
 
     @torch.no_grad()
     def place_observations(self, raw: Sequence[Observation]) -> list[Placement]:
-        """Placements for already-built raw observations."""
+        """Placements for already-built raw observations, in one forward pass."""
         batch = self.normalizer.transform_batch(collate(raw))
-        out = self._forward(*batch.args())
+        placements = self._decide(self._forward(*batch.args()))
+        self.last_observations = list(raw)
+        return placements
+
+    def _decide(self, out: PolicyOutput) -> list[Placement]:
+        """Actions from the model's outputs; keeps their unit values and the critic's."""
         node, unit, logp = act(out, self.deterministic)
         values = from_unit(unit)
-        self.last_observations = list(raw)
         self.last_units = unit.tolist()
         self.last_values = out.value.tolist()
         return [

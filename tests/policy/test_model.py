@@ -14,7 +14,7 @@ from dagsched.policy.model import ActorCritic, ModelConfig, act, evaluate
 from dagsched.policy.normalizer import FeatureNormalizer
 from dagsched.policy.scheduler import GNNScheduler
 from dagsched.sim.engine import Simulator
-from dagsched.sim.runner import generate_workflows, simulate
+from dagsched.sim.runner import generate_workflows, make_policy, simulate
 from dagsched.sim.view import cluster_view, task_view
 from tests.sim.conftest import small_scenario
 
@@ -114,6 +114,40 @@ def test_a_batch_is_placed_in_order_each_task_seeing_the_earlier_ones(
     stale = GNNScheduler(model, normalizer, "t")
     stale.place_observations([observe(cv, t) for t in tasks])  # one snapshot for all
     assert np.array_equal(stale.last_observations[0].nodes, stale.last_observations[1].nodes)
+
+
+def test_a_batch_placed_in_order_decides_as_one_forward_pass_per_task(
+    normalizer: FeatureNormalizer,
+) -> None:
+    """`place` encodes the batch's DAGs once; each decision equals a full forward pass on
+    that task's own observation (the cluster with the earlier placements taken)."""
+    torch.manual_seed(3)
+    model = ActorCritic(ModelConfig(finish_prior=10.0)).eval()
+    sc = small_scenario(nodes=16, workflows=6)
+    sim = Simulator(sc, generate_workflows(sc, 0), seed=0)
+    policy = make_policy("least_loaded", 0)
+    tasks: list = []  # ready tasks of several workflows and instants, as one batch
+    while len(tasks) < 12 and (batch := sim.advance()) is not None:
+        tasks += [task_view(t) for t in batch]
+        sim.apply(policy.decide(sim, batch), batch)
+    assert len({t.workflow.id for t in tasks}) > 1
+    cv = cluster_view(sim)
+    sched = GNNScheduler(model, normalizer, "t")
+    placements = sched.place(cv, tasks)
+    assert len({p.node for p in placements}) > 1
+    one = GNNScheduler(model, normalizer, "t")
+    view = cv.batch_copy()
+    for i, t in enumerate(tasks):
+        o = observe(view, t)
+        assert np.array_equal(o.nodes, sched.last_observations[i].nodes)
+        assert np.array_equal(o.dag, sched.last_observations[i].dag)
+        (p,) = one.place_observations([o])
+        got = placements[i]
+        assert p.node == got.node
+        assert abs(p.cpu - got.cpu) < 1e-5 and abs(p.mem - got.mem) < 1e-5
+        assert p.max_retries == got.max_retries and abs(p.log_prob - got.log_prob) < 1e-4
+        assert abs(one.last_values[0] - sched.last_values[i]) < 1e-5
+        view.take(t, p.node, p.cpu, p.mem)
 
 
 def test_finish_prior_alone_picks_the_earliest_estimated_finish(
