@@ -20,7 +20,8 @@ class GNNScheduler:
 
     `place` puts them one by one, each observing the cluster with the batch's earlier
     placements taken, as HEFT and the daemon's accounting do: from one snapshot, a scatter of
-    20 ready siblings would see 20 identical clusters and pile onto one node.
+    20 ready siblings would see 20 identical clusters and pile onto one node. The DAG encoder
+    runs once for the batch; only the heads run per task.
     `place_observations` is one batched forward pass over observations already built.
     `deterministic=True` (serving) takes the argmax node and the Beta means; otherwise
     actions are sampled. `compile()` swaps in a torch.compile'd forward pass.
