@@ -173,17 +173,18 @@ def read_yaml(path: Path) -> dict[str, Any]:
 def env_layer(environ: Mapping[str, str]) -> dict[str, Any]:
     """The nested mapping spelled by `DAGSCHED_*` variables.
 
-    Top-level fields are taken by name (`DAGSCHED_HOME`); anything with `__` is a nested path
-    and is kept even when unknown, so validation reports it rather than ignoring a typo.
+    Top-level fields are taken by name (`DAGSCHED_HOME`); anything with `__` is a nested path.
+    Unknown names are kept, so validation reports them rather than ignoring a typo
+    (`DAGSCHED_REDIS_ULR`); only `DAGSCHED_CONFIG_DIR` is read elsewhere and skipped here.
     Values that look like JSON lists or objects (`[4, 10]`) are decoded; empty values are unset.
     """
     out: dict[str, Any] = {}
     for name, raw in sorted(environ.items()):
         if not name.upper().startswith(ENV_PREFIX) or raw == "":
             continue
+        if name.upper() == ENV_CONFIG_DIR:
+            continue  # where the YAML layers come from, not a setting
         key = name[len(ENV_PREFIX) :].lower()
-        if ENV_NESTED not in key and key not in Settings.model_fields:
-            continue  # e.g. DAGSCHED_CONFIG_DIR: read elsewhere, not a setting
         parts = key.split(ENV_NESTED)
         if not all(parts):
             raise SettingsError(f"malformed setting variable {name}")

@@ -137,10 +137,16 @@ def test_overrides_beat_env(monkeypatch):
     assert s.log_level == "DEBUG"
 
 
-def test_other_dagsched_variables_are_not_settings(monkeypatch, tmp_path):
+def test_the_config_dir_variable_is_not_a_setting(monkeypatch, tmp_path):
     monkeypatch.setenv("DAGSCHED_CONFIG_DIR", str(write_configs(tmp_path, default={})))
-    monkeypatch.setenv("DAGSCHED_SOMETHING_ELSE", "1")
     assert load_settings().sim == ScenarioConfig()
+
+
+def test_a_mistyped_top_level_variable_is_an_error_naming_it(monkeypatch):
+    monkeypatch.setenv("DAGSCHED_REDIS_ULR", "redis://elsewhere:6379/0")
+    with pytest.raises(SettingsError) as err:
+        load_settings()
+    assert str(err.value) == "unknown setting redis_ulr (from DAGSCHED_REDIS_ULR)"
 
 
 def test_settings_are_frozen():
