@@ -42,6 +42,7 @@ bench: setup
 	$(PY) bench/inference_speed.py
 	$(PY) bench/explain_speed.py
 	$(PY) bench/drift.py
+	$(PY) bench/policy_diagnosis.py
 
 clean:
 	rm -rf .pytest_cache .mypy_cache .ruff_cache build dist *.egg-info .dagsched/demo
