@@ -175,13 +175,10 @@ def dag_features(task: TaskView, rank: list[float] | None = None) -> tuple[np.nd
 
 
 def observe(
-    cluster: ClusterView,
-    task: TaskView,
-    rank: list[float] | None = None,
-    dag: tuple[np.ndarray, np.ndarray] | None = None,
+    cluster: ClusterView, task: TaskView, dag: tuple[np.ndarray, np.ndarray] | None = None
 ) -> Observation:
-    """Raw features for placing `task` on `cluster`. `rank` caches the DAG's upward ranks;
-    `dag` is the task's `dag_features` when the caller has them already."""
+    """Raw features for placing `task` on `cluster`; `dag` is the task's `dag_features` when
+    the caller has them already."""
     spec = task.workflow.tasks[task.idx]
     alive = cluster.alive.astype(bool)
     inv_c = 1.0 / cluster.cores
@@ -241,7 +238,7 @@ def observe(
         dtype=np.float32,
     )
 
-    dag_x, edges = dag if dag is not None else dag_features(task, rank)
+    dag_x, edges = dag if dag is not None else dag_features(task)
     anchor = np.stack(
         [
             (cpu_f - CPU_BOUNDS[0]) / (CPU_BOUNDS[1] - CPU_BOUNDS[0]),

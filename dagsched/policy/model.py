@@ -162,16 +162,20 @@ def from_unit(u: Tensor) -> Tensor:
     return LOW + u * (HIGH - LOW)
 
 
-def distributions(out: PolicyOutput, node: Tensor) -> tuple[Categorical, Beta]:
-    """The node distribution, and the continuous one at the chosen `node` [B]."""
+# The model's outputs are valid by construction: distribution argument checks are skipped,
+# they cost more than a batch-of-one forward pass's tail.
+
+
+def beta_at(out: PolicyOutput, node: Tensor) -> Beta:
+    """The continuous distribution at the chosen `node` [B]: three Betas per decision."""
     idx = node.view(-1, 1, 1, 1).expand(-1, 1, 3, 2)
     conc = out.conc.gather(1, idx).squeeze(1)  # [B, 3, 2]
-    # the model's outputs are valid by construction; argument checks cost more than a
-    # batch-of-one forward pass's tail
-    return (
-        Categorical(logits=out.logits, validate_args=False),
-        Beta(conc[..., 0], conc[..., 1], validate_args=False),
-    )
+    return Beta(conc[..., 0], conc[..., 1], validate_args=False)
+
+
+def distributions(out: PolicyOutput, node: Tensor) -> tuple[Categorical, Beta]:
+    """The node distribution, and the continuous one at the chosen `node` [B]."""
+    return Categorical(logits=out.logits, validate_args=False), beta_at(out, node)
 
 
 def evaluate(out: PolicyOutput, node: Tensor, unit: Tensor) -> tuple[Tensor, Tensor]:
@@ -192,9 +196,7 @@ def act(out: PolicyOutput, deterministic: bool) -> tuple[Tensor, Tensor, Tensor]
         node = out.logits.argmax(-1)
     else:
         node = Categorical(logits=out.logits, validate_args=False).sample()
-    idx = node.view(-1, 1, 1, 1).expand(-1, 1, 3, 2)
-    conc = out.conc.gather(1, idx).squeeze(1)  # [B, 3, 2]
-    beta = Beta(conc[..., 0], conc[..., 1], validate_args=False)
+    beta = beta_at(out, node)
     unit = (beta.mean if deterministic else beta.sample()).clamp(1e-4, 1 - 1e-4)
     node_logp = torch.log_softmax(out.logits, -1).gather(-1, node[:, None]).squeeze(-1)
     return node, unit, node_logp + beta.log_prob(unit).sum(-1)

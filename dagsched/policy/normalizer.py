@@ -59,9 +59,6 @@ class FeatureNormalizer:
         """`batch` (collated raw observations) normalised in three tensor operations: the
         same numbers as collating `transform`ed observations, except in padded node rows,
         which the model masks. The fast path for serving large batches."""
-        if not self.fitted:
-            raise RuntimeError("normalizer used before it was fitted")
-
         return replace(
             batch,
             nodes=self.normalize("nodes", batch.nodes),
