@@ -102,7 +102,7 @@ def workload(settings: Settings, cfg: ReplayConfig, run_id: str) -> Iterator[Wor
     scenario = settings.sim
     if cfg.rate is not None:
         rng = rng_for(cfg.seed, 1)
-        gen = WorkloadGenerator(scenario.workload, scenario.cluster, rng)
+        gen = WorkloadGenerator(scenario.workload, scenario.cluster, rng, scenario.truth)
 
         def timed() -> Iterator[Workflow]:
             t = 0.0
@@ -371,29 +371,27 @@ class Replay:
         self._alive = list(c.alive)
         assert sim.log is not None
         entries, sim.log[:] = list(sim.log), []
-        for wf_id, idx, _attempt, node_i, start, cstart, end, outcome, cores, mem in entries:
+        for r in entries:
+            wf_id, idx = r.wf_id, r.idx
             key = f"{wf_id}/{idx}"
             placed = self._placed.get(key)
             if placed is None:
                 continue
             attempt, node = placed
-            wf = self._published.get(wf_id)
-            spec = wf.tasks[idx] if wf is not None else None
             if (key, attempt) not in self._started:
                 self._started.add((key, attempt))
                 self._event(node, TaskStartedMsg(workflow_id=wf_id, task=idx, attempt=attempt,
-                                                 node=node, at=start))  # fmt: skip
-            used = min(cores, spec.cpu_cores if spec else cores) * max(0.0, end - cstart)
-            peak = min(mem, spec.mem_gb) if spec else mem
-            common = {"workflow_id": wf_id, "task": idx, "attempt": attempt, "node": node,
-                      "at": end, "cpu_core_s": used, "peak_mem_gb": peak}  # fmt: skip
-            if outcome == "done":
-                self._done_at.setdefault(wf_id, {})[idx] = end
+                                                 node=node, at=r.start_s))  # fmt: skip
+            # what a node agent measures of the attempt: the only way the truth gets out
+            common: dict[str, Any] = {"workflow_id": wf_id, "task": idx, "attempt": attempt, "node": node,
+                      "at": r.end_s, "cpu_core_s": r.cpu_core_s, "peak_mem_gb": r.peak_mem_gb,
+                      "runtime_s": r.runtime_s, "transfer_s": r.transfer_s}  # fmt: skip
+            if r.outcome == "done":
+                self._done_at.setdefault(wf_id, {})[idx] = r.end_s
                 self._event(node, TaskFinishedMsg(**common))
             else:
-                reason = outcome if outcome in _FAILURES else "transient"
+                reason = r.outcome if r.outcome in _FAILURES else "transient"
                 self._event(node, TaskFailedMsg(**common, reason=reason))  # type: ignore[arg-type]
-            del node_i
         for t in list(self._queued):
             if t.state == TaskState.QUEUED:
                 continue

@@ -55,5 +55,5 @@ class Curriculum:
             load=float(rng.uniform(*st.load)),
         )
         scenario = replace(self.base, cluster=self.base.cluster.scaled(nodes), workload=workload)
-        gen = WorkloadGenerator(workload, scenario.cluster, rng)
+        gen = WorkloadGenerator(workload, scenario.cluster, rng, scenario.truth)
         return scenario, gen.generate()

@@ -18,15 +18,12 @@ from typing import Any
 
 import numpy as np
 
+from dagsched.sim.estimates import transfer_to_all_s
 from dagsched.sim.state import CPU_BOUNDS, MEM_BOUNDS
 from dagsched.sim.view import ClusterView, TaskView
 from dagsched.sim.workflow import TaskType, upward_rank
 
 GB = 1e9
-# Transfer estimate from what every deployment knows (zones and NICs), not the simulator's
-# hidden latency matrix: the same rule in simulation and in production.
-CROSS_ZONE_LATENCY_S = 0.05
-CROSS_ZONE_GBPS = 5.0
 
 NODE_FEATURES: tuple[str, ...] = (
     "cpu_used",
@@ -136,18 +133,9 @@ def transfer_estimate_s(cluster: ClusterView, task: TaskView) -> np.ndarray:
     wf = task.workflow
     out = np.zeros(cluster.n)
     for p, src in zip(wf.parents[task.idx], task.parent_nodes, strict=True):
-        if src < 0:
-            continue
-        nbytes = wf.tasks[p].output_bytes
-        same_zone = cluster.zone == cluster.zone[src]
-        gbps = np.where(
-            same_zone,
-            np.minimum(cluster.net_gbps, cluster.net_gbps[src]),
-            np.minimum(CROSS_ZONE_GBPS, cluster.net_gbps),
-        )
-        t = nbytes * 8.0 / (gbps * 1e9) + np.where(same_zone, 0.001, CROSS_ZONE_LATENCY_S)
-        t[src] = 0.0
-        out = np.maximum(out, t)
+        if src >= 0:
+            nbytes = wf.tasks[p].output_bytes
+            out = np.maximum(out, transfer_to_all_s(cluster.zone, cluster.net_gbps, src, nbytes))
     return out
 
 

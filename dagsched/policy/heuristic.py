@@ -46,6 +46,7 @@ class LeastLoadedScheduler:
                 busy = (queued + cluster.cores - free_cores) / cluster.cores
                 node = int(np.argmin(np.where(cand, busy, np.inf)))
                 queue[node] += 1
-                queued[node] += res_c[node] * spec.duration_s
+                # declared work at the advertised speed, as the cluster accounts its queues
+                queued[node] += res_c[node] * spec.duration_s / cluster.speed[node, int(spec.type)]
             out.append(Placement(node, float(cpu[node]), float(mem[node]), FALLBACK_RETRIES))
         return out

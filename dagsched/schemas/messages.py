@@ -57,6 +57,8 @@ class TaskSpecMsg(BaseModel):
     input_bytes: Bytes = 0.0
     output_bytes: Bytes = 0.0
     cold_start_s: Seconds = 0.0
+    # the recurring kind of task this is (history is kept per family); None: the task's name
+    family: Annotated[str, Field(min_length=1, max_length=200)] | None = None
 
 
 class WorkflowMsg(_Message):
@@ -151,7 +153,8 @@ class TaskStartedMsg(_Message):
 
 
 class TaskFinishedMsg(_Message):
-    """An attempt succeeded; `cpu_core_s` and `peak_mem_gb` are what it actually used."""
+    """An attempt succeeded; `cpu_core_s`, `peak_mem_gb` and `runtime_s` are what it actually
+    used and how long it computed: the only way anyone learns a task's real needs."""
 
     type: Literal["task_finished"] = "task_finished"
     workflow_id: Id
@@ -161,10 +164,14 @@ class TaskFinishedMsg(_Message):
     at: Seconds
     cpu_core_s: Bytes = 0.0
     peak_mem_gb: Bytes = 0.0
+    # measured: compute seconds (after inputs and cold start), and seconds waiting for inputs
+    runtime_s: Seconds = 0.0
+    transfer_s: Seconds = 0.0
 
 
 class TaskFailedMsg(_Message):
-    """An attempt failed (`reason`), with what it used until then."""
+    """An attempt failed (`reason`), with what it used until then. After an OOM kill,
+    `peak_mem_gb` is the limit it hit: the real peak is only known to be above it."""
 
     type: Literal["task_failed"] = "task_failed"
     workflow_id: Id
@@ -175,6 +182,9 @@ class TaskFailedMsg(_Message):
     reason: FailureReason
     cpu_core_s: Bytes = 0.0
     peak_mem_gb: Bytes = 0.0
+    # measured: compute seconds (after inputs and cold start), and seconds waiting for inputs
+    runtime_s: Seconds = 0.0
+    transfer_s: Seconds = 0.0
 
 
 class NodeHeartbeatMsg(_Message):

@@ -1,8 +1,13 @@
-"""Heuristic baselines. Each reserves its task's demand, clamped to the reservation bounds.
+"""Heuristic baselines. Each reserves its task's declared request, clamped to the
+reservation bounds - except `heft_history`, which reserves what history predicts.
 
 All but `random` and `round_robin` skip nodes where the clamped memory reservation would be
-below the task's demand (an OOM in waiting) while any other node is alive, the way a
+below the planned amount (an OOM in waiting) while any other node is alive, the way a
 Kubernetes filter drops nodes whose allocatable memory is below the request.
+
+Baselines read only what the daemon could know too: node shapes, reservations and queues,
+declared task specs, when running attempts started, the nodes' measured slowdown and the
+per-family `History` of measured outcomes - never the hidden truth or the true network.
 """
 
 from __future__ import annotations
@@ -12,6 +17,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from dagsched.sim.estimates import raised_prediction_s, transfer_to_all_s
+from dagsched.sim.history import FamilyStats
 from dagsched.sim.state import CPU_BOUNDS, MEM_BOUNDS, Decision, Policy, TaskRun, TaskState
 
 if TYPE_CHECKING:
@@ -42,14 +49,17 @@ class BatchView:
         self.queued_core_s = np.array(c.queued_core_s)
         self.open = self.alive & (self.queue_len == 0)  # a fitting task would start now
 
-    def take(self, sim: Simulator, node: int, d: Demand, duration_s: float) -> None:
-        """Record a placement on `node`: it runs now if it fits, else it queues."""
+    def take(self, sim: Simulator, node: int, d: Demand, t: TaskRun) -> None:
+        """Record a placement on `node`: it runs now if it fits, else it queues (its declared
+        work at the node's advertised speed, as the cluster's queue accounting has it)."""
         if self.open[node] and d.fits_on(self, node):
             self.free[:, node] -= d.frac[:, node]
         else:
             self.queue_len[node] += 1
             self.open[node] = False
-            self.queued_core_s[node] += d.frac[0, node] * sim.cluster.cores_list[node] * duration_s
+            c, spec = sim.cluster, t.spec
+            work = d.frac[0, node] * c.cores_list[node] * spec.duration_s
+            self.queued_core_s[node] += work / c.speed_rows[node][spec.type]
 
     def least_backlog(self, sim: Simulator, mask: np.ndarray) -> int:
         """Among `mask`, the node with the least queued and running work per core."""
@@ -61,12 +71,26 @@ class Demand:
     """One task's clamped reservation on every node, as fractions `frac` ([2, n]: cores,
     memory) of each node's capacity."""
 
-    __slots__ = ("frac", "mem_ok", "shape")
+    __slots__ = ("frac", "mem_ok", "runtime_ratio", "shape")
 
-    def __init__(self, sim: Simulator, t: TaskRun) -> None:
+    def __init__(
+        self,
+        sim: Simulator,
+        t: TaskRun,
+        cores: float | None = None,
+        mem_gb: float | None = None,
+        runtime_ratio: float = 1.0,
+    ) -> None:
+        """The declared request, or `cores` and `mem_gb` when given (a prediction), whose
+        run time is `runtime_ratio` x the declared one."""
         c = sim.cluster
         spec = t.spec
-        frac = c.inv_shape * np.array(((spec.cpu_cores,), (spec.mem_gb,)))
+        want = (
+            (spec.cpu_cores if cores is None else cores,),
+            (spec.mem_gb if mem_gb is None else mem_gb,),
+        )
+        frac = c.inv_shape * np.array(want)
+        self.runtime_ratio = runtime_ratio
         # the memory reservation covers the demand unless the upper bound clips it
         self.mem_ok = frac[1] <= _FRAC_HI[1, 0] + _EPS
         # in place: np.clip's Python wrapper costs more than the math here
@@ -124,7 +148,7 @@ def place_in_order(sim: Simulator, order: list[TaskRun], choose: Chooser) -> lis
         d = Demand(sim, t)
         node = choose(sim, view, d, t)
         out.append(d.decision(t, node))
-        view.take(sim, node, d, t.spec.duration_s)
+        view.take(sim, node, d, t)
     return out
 
 
@@ -253,13 +277,14 @@ class TetrisPolicy:
             _, i, node, d = best
             t = todo.pop(i)
             out.append(d.decision(t, node))
-            view.take(sim, node, d, t.spec.duration_s)
+            view.take(sim, node, d, t)
         return out
 
 
 class HEFTPolicy:
-    """HEFT: highest upward rank first, each on the node with the earliest estimated finish
-    (queue wait + input transfers from its parents' nodes + compute at that node's speed)."""
+    """HEFT on declared values: highest upward rank first, each on the node with the
+    earliest estimated finish (queue wait + estimated input transfers from its parents'
+    nodes + declared compute at that node's advertised speed x its measured slowdown)."""
 
     name = "heft"
 
@@ -268,23 +293,99 @@ class HEFTPolicy:
         return place_in_order(sim, order, earliest_finish_node)
 
 
-def earliest_finish_node(sim: Simulator, view: BatchView, d: Demand, t: TaskRun) -> int:
-    """The candidate node with the earliest estimated finish time for the task."""
+def _running_end_s(sim: Simulator, r: TaskRun, predicted: bool) -> float:
+    """When a running attempt is expected to end: its start, cold start and declared
+    compute time (x the family's predicted runtime ratio, raised once outlived, when
+    `predicted`) at its node's advertised speed and measured slowdown."""
+    declared = r.advertised_s * sim.cluster.observed_slowdown[r.node]
+    began = r.start_s + r.spec.cold_start_s
+    if not predicted:
+        return began + declared
+    stats = sim.history.get(r.spec.family)
+    guess = declared * (stats.runtime_ratio() if stats is not None else 1.0)
+    return began + raised_prediction_s(guess, sim.now - began, declared)
+
+
+def earliest_finish_node(
+    sim: Simulator, view: BatchView, d: Demand, t: TaskRun, predicted: bool = False
+) -> int:
+    """The candidate node with the earliest estimated finish time for the task; running
+    attempts' ends and this task's compute time are predicted from history if `predicted`."""
     c, now = sim.cluster, sim.now
     cand = d.candidates(view)
     fit = d.fits_now(view)
     wait = view.queued_core_s / c.cores
     for node in np.flatnonzero(cand & ~fit):
-        ends = [r.compute_start_s + r.compute_s for r in c.running[node]]
-        wait[node] += (min(ends) - now) if ends else 0.0
+        ends = [_running_end_s(sim, r, predicted) for r in c.running[node]]
+        if ends:
+            first = min(ends) - now
+            wait[node] += first if first > 0 else 0.0
     xfer = np.zeros(c.n)
+    zone, nic = c.zone, c.net_gbps
     for p in t.run.wf.parents[t.idx]:
         parent = t.run.tasks[p]
-        xfer = np.maximum(xfer, c.network.transfer_s_to_all(parent.node, parent.spec.output_bytes))
+        xfer = np.maximum(xfer, transfer_to_all_s(zone, nic, parent.node, parent.spec.output_bytes))
     slow = np.maximum(1.0, t.spec.cpu_cores / d.res_cores)
-    compute = t.spec.duration_s / c.speed[:, t.spec.type] * slow
+    seen = np.asarray(c.observed_slowdown)
+    compute = t.spec.duration_s * d.runtime_ratio / c.speed[:, t.spec.type] * slow * seen
     eft = wait + xfer + compute
     return int(np.argmin(np.where(cand, eft, np.inf)))
+
+
+HISTORY_PERCENTILE = 0.9  # the VPA recommender's target percentile
+HISTORY_MARGIN = 1.15  # the VPA recommender's safety margin
+OOM_BUMP = 1.2  # the VPA recommender's memory bump after an OOM kill
+
+
+def history_request(
+    spec_cores: float, spec_mem: float, stats: FamilyStats | None
+) -> tuple[float, float]:
+    """(cores, memory GB) to reserve for a task of a family with these statistics: the
+    family's p90 observed use (CPU) and peak (memory) ratio x the request, +15%; memory at
+    least 1.2 x the highest limit a task of the family was OOM-killed at; the declared
+    request while the family has no finished task."""
+    if stats is None or stats.count == 0:
+        cores, mem = spec_cores, spec_mem
+    else:
+        cores = spec_cores * stats.cpu.percentile(HISTORY_PERCENTILE) * HISTORY_MARGIN
+        mem = spec_mem * stats.mem.percentile(HISTORY_PERCENTILE) * HISTORY_MARGIN
+    if stats is not None and stats.ooms:
+        mem = max(mem, spec_mem * stats.oom_limit * OOM_BUMP)
+    return cores, mem
+
+
+class HEFTHistoryPolicy:
+    """HEFT on predicted runtimes with VPA-style reservations from per-family history.
+
+    - Runtime: the declared duration x the mean of the family's last two observed runtime
+      ratios (Tsafrir, Etsion and Feitelson, "Backfilling using system-generated predictions
+      rather than user runtime estimates", IEEE TPDS 2007); a running attempt that outlives
+      its prediction is expected to run to its declared time, or to twice its elapsed time
+      once past that (`estimates.raised_prediction_s`).
+    - Reservations: the Kubernetes VPA recommender's rule (decaying histograms, 24 h
+      half-life): p90 of the family's observed CPU use and memory peak ratios x the
+      request, +15% margin; memory x1.2 over the highest limit an OOM kill of the family
+      hit; the declared request while the family has no history.
+    - Order and placement: as `heft` (upward rank; earliest estimated finish), with these
+      predictions in place of declared values.
+    """
+
+    name = "heft_history"
+
+    def decide(self, sim: Simulator, ready: list[TaskRun]) -> list[Decision]:
+        order = sorted(ready, key=lambda t: -t.run.upward_rank()[t.idx])
+        view = BatchView(sim)
+        out = []
+        for t in order:
+            spec = t.spec
+            stats = sim.history.get(spec.family)
+            cores, mem = history_request(spec.cpu_cores, spec.mem_gb, stats)
+            ratio = stats.runtime_ratio() if stats is not None else 1.0
+            d = Demand(sim, t, cores, mem, ratio)
+            node = earliest_finish_node(sim, view, d, t, predicted=True)
+            out.append(d.decision(t, node))
+            view.take(sim, node, d, t)
+        return out
 
 
 def _remaining_work(t: TaskRun) -> float:
@@ -303,6 +404,7 @@ def make_baseline(name: str, rng: np.random.Generator) -> Policy:
         "sjf": SJFPolicy,
         "tetris": TetrisPolicy,
         "heft": HEFTPolicy,
+        "heft_history": HEFTHistoryPolicy,
     }
     if name not in table:
         raise ValueError(f"unknown policy {name!r}; choose from {', '.join(table)}")

@@ -116,6 +116,7 @@ class Cluster:
         self.mem_gb = np.array([x.mem_gb for x in infos], dtype=float)
         self.gpu_mem_gb = np.array([x.gpu_mem_gb for x in infos], dtype=float)
         self.net_gbps = np.array([x.net_gbps for x in infos], dtype=float)
+        self.zone = np.array([x.zone for x in infos], dtype=np.int64)
         # speed[node, task_type]; a python copy for the per-task hot path
         self.speed = np.array(
             [[cfg.speed[x.kind][t] for t in TASK_TYPE_NAMES] for x in infos], dtype=float

@@ -8,10 +8,13 @@ does no I/O.
 
 Time semantics of one attempt on a node: the reservation is taken at `start_s`; the task
 first waits for its inputs from parents on other nodes (the slowest transfer) and its cold
-start, then computes from `compute_start_s` for `duration / speed x max(1, demand / reserved)`.
-A memory reservation below demand is OOM-killed when usage (growing linearly with progress)
-crosses it. Completed outputs are assumed durable: a node failure loses running attempts,
-not finished outputs.
+start, then computes from `compute_start_s`. Tasks run on their hidden truth (`sim.truth`),
+not on what they declared: the compute time is `true duration / speed x max(1, cores really
+used / cores reserved)`; a memory reservation below the real peak is OOM-killed when usage
+(growing linearly with progress) crosses it. What an attempt measurably used (core-seconds,
+peak memory, compute seconds) is recorded in `history` and in the attempt log, as a node
+agent would report it. Completed outputs are assumed durable: a node failure loses running
+attempts, not finished outputs.
 
 A drift (`ScenarioConfig.drift`, or `drift()` at any time) makes some nodes slower than their
 advertised speed and raises their failure rates. Policies are not told: `cluster.speed` keeps
@@ -25,14 +28,15 @@ import heapq
 import itertools
 import random
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from dagsched.sim.cluster import SLOWDOWN_WEIGHT, Cluster
 from dagsched.sim.config import DriftConfig, ScenarioConfig
+from dagsched.sim.history import History, measured_ratios
 from dagsched.sim.metrics import Metrics
-from dagsched.sim.reward import TaskOutcome, decision_reward
+from dagsched.sim.reward import TaskOutcome, decision_reward, dominant_core_s, jain_with
 from dagsched.sim.state import (
     CPU_BOUNDS,
     MEM_BOUNDS,
@@ -44,6 +48,7 @@ from dagsched.sim.state import (
     TaskState,
     WorkflowRun,
 )
+from dagsched.sim.truth import HiddenTruth
 from dagsched.sim.workflow import Workflow
 
 ARRIVAL, FINISH, FAIL, NODE_DOWN, NODE_UP, DRIFT = range(6)
@@ -55,7 +60,27 @@ _CPU_LO, _CPU_HI = CPU_BOUNDS
 _MEM_LO, _MEM_HI = MEM_BOUNDS
 _RETRY_LO, _RETRY_HI = RETRY_BOUNDS
 
+# (task, outcome, reward): called once per decided attempt, when it ends
 OutcomeHook = Callable[[TaskRun, TaskOutcome, float], None]
+
+
+class AttemptRecord(NamedTuple):
+    """One ended attempt, with what was measured of it (the simulator's attempt log)."""
+
+    wf_id: str
+    idx: int
+    attempt: int
+    node: int
+    start_s: float
+    compute_start_s: float
+    end_s: float
+    outcome: str  # done, oom, transient, node_down, cancelled
+    res_cores: float
+    res_mem: float
+    cpu_core_s: float  # measured: cores used x compute seconds
+    peak_mem_gb: float  # measured: peak memory (the limit, after an OOM kill)
+    runtime_s: float  # measured: compute seconds
+    transfer_s: float  # measured: seconds waiting for inputs
 
 
 class PolicyError(RuntimeError):
@@ -81,8 +106,10 @@ class Simulator:
         on_outcome: OutcomeHook | None = None,
         keep_log: bool = False,
     ) -> None:
-        streams = np.random.SeedSequence(seed).spawn(3)
-        cluster_rng, self._fault_rng, task_rng = (np.random.default_rng(s) for s in streams)
+        streams = np.random.SeedSequence(seed).spawn(4)
+        cluster_rng, self._fault_rng, task_rng, self._truth_rng = (
+            np.random.default_rng(s) for s in streams
+        )
         # Per-attempt draws use the stdlib generator (seeded from the run's SeedSequence):
         # one numpy scalar draw costs ~15x more, and there are millions of them.
         self._u: Callable[[], float] = random.Random(int(task_rng.integers(2**63))).random
@@ -91,11 +118,22 @@ class Simulator:
             scenario.cluster, cluster_rng, scenario.faults.transient_task_failure
         )
         self.metrics = Metrics(self.cluster.n)
+        self.metrics.capacity = (float(self.cluster.cores.sum()), float(self.cluster.mem_gb.sum()))
+        # cluster-wide reserved and used amounts (cores, GB), integrated over the arrival window
+        self._load = [0.0, 0.0, 0.0, 0.0]
+        # per node: used cores and GB now, dominant shares now, and since when they hold
+        n = self.cluster.n
+        self._used = [[0.0, 0.0] for _ in range(n)]
+        self._dom = [[0.0, 0.0] for _ in range(n)]  # reserved, used
+        self._dom_at = [0.0] * n
         self.weights = scenario.reward
+        self.truth = HiddenTruth(scenario.truth, seed)  # only the engine reads it
+        self.history = History()  # what has been measured: policies may read it
+        self._credited_wf_s = 0.0  # workflow-seconds handed to decisions so far
+        self._charged_wf_s = 0.0  # failed workflows' remaining time, for the next decision
         self.now = 0.0
         self.on_outcome = on_outcome
-        # (wf id, task idx, attempt, node, start, compute start, end, outcome, cores, mem)
-        self.log: list[tuple[Any, ...]] | None = [] if keep_log else None
+        self.log: list[AttemptRecord] | None = [] if keep_log else None
         self.active: dict[str, WorkflowRun] = {}
         self._heap: list[tuple[float, int, int, Any, int]] = []
         self._seq = itertools.count()
@@ -226,6 +264,9 @@ class Simulator:
     def _next_arrival(self) -> None:
         wf = next(self._arrivals, None)
         if wf is None:
+            self._integrate_load()  # the arrival window ends with the last arrival
+            for node in range(self.cluster.n):
+                self._integrate_node(node, self.now)
             self._arrivals_done = True
             return
         if wf.arrival_s < self._last_arrival:
@@ -238,7 +279,16 @@ class Simulator:
     def _arrive(self, wf: Workflow) -> None:
         run = WorkflowRun(wf)
         self.active[wf.id] = run
-        self.metrics.first_arrival = min(self.metrics.first_arrival, self.now)
+        m = self.metrics
+        if m.first_arrival == float("inf"):
+            m.first_arrival = m.window_end = self.now
+            self._dom_at = [self.now] * self.cluster.n
+        m.enter(self.now)
+        ratios = self.truth.draw(wf, self._truth_rng).tolist()
+        for t, (cpu, mem, rt) in zip(run.tasks, ratios, strict=True):
+            t.use_cores = t.spec.cpu_cores * cpu
+            t.peak_mem = t.spec.mem_gb * mem
+            t.true_s = t.spec.duration_s * rt
         for t in run.tasks:
             if t.waiting_parents == 0:
                 self._make_ready(t)
@@ -265,7 +315,9 @@ class Simulator:
         t.max_retries = _clamp(round(retries), _RETRY_LO, _RETRY_HI)
         t.res_cores = res_cores = cpu * c.cores_list[node]
         t.res_mem = res_mem = mem * c.mem_list[node]
-        t.decided_jain = c.jain_fairness()
+        old = 1.0 - c.free_cores[node] / c.cores_list[node]
+        t.decided_jain = jain_with(c._sum_x, c._sum_x2, c.n, old, old + cpu)
+        self._credit(t)
         m = self.metrics
         m.decisions += 1
         if t.prev_node >= 0 and t.prev_node != node:
@@ -279,12 +331,69 @@ class Simulator:
             c.queue_len[node] += 1
             c.queued_core_s[node] += self._est_core_s(t)
 
+    # -- the completion term --------------------------------------------------------------------
+
+    def _credit(self, t: TaskRun) -> None:
+        """A decision now: it carries the time workflows spent in the system since the
+        previous decision, plus the charges of workflows that failed meanwhile. (A task
+        requeued before it started keeps its earlier decision's share: they add up.)"""
+        now_wf_s = self.metrics.wf_seconds(self.now)
+        t.credit += now_wf_s - self._credited_wf_s + self._charged_wf_s
+        self._credited_wf_s, self._charged_wf_s = now_wf_s, 0.0
+
     def _est_core_s(self, t: TaskRun) -> float:
         return t.res_cores * t.spec.duration_s / self.cluster.speed_rows[t.node][t.spec.type]
+
+    def _integrate_load(self) -> None:
+        """Accumulate the cluster's reserved and used amounts x time since the last change,
+        while workflows still arrive (the steady state that `load` describes)."""
+        if self._arrivals_done:
+            return
+        m, load, now = self.metrics, self._load, self.now
+        dt = now - m.window_end
+        if dt > 0:
+            w = m.window
+            for k in range(4):
+                w[k] += load[k] * dt
+            m.window_end = now
+
+    def _integrate_node(self, node: int, end: float) -> None:
+        """Accumulate `node`'s dominant shares x time up to `end` (within the window)."""
+        dt = end - self._dom_at[node]
+        if dt > 0:
+            dom, acc = self._dom[node], self.metrics.node_dominant_s
+            acc[0] += dom[0] * dt
+            acc[1] += dom[1] * dt
+        self._dom_at[node] = end
+
+    def _hold(self, t: TaskRun, sign: float) -> None:
+        """Count an attempt's reservation and real use in (sign 1) or out (sign -1) of the
+        cluster and node totals; memory use counts at its mean (half the peak: it grows
+        linearly over the run)."""
+        load, node, c = self._load, t.node, self.cluster
+        use_c = t.use_cores if t.use_cores < t.res_cores else t.res_cores
+        use_m = 0.5 * (t.peak_mem if t.peak_mem < t.res_mem else t.res_mem)
+        if not self._arrivals_done:
+            self._integrate_load()
+            self._integrate_node(node, self.now)
+        load[0] += sign * t.res_cores
+        load[1] += sign * t.res_mem
+        load[2] += sign * use_c
+        load[3] += sign * use_m
+        used = self._used[node]
+        used[0] += sign * use_c
+        used[1] += sign * use_m
+        cores, mem = c.cores_list[node], c.mem_list[node]
+        res_c, res_m = 1.0 - c.free_cores[node] / cores, 1.0 - c.free_mem[node] / mem
+        use_c, use_m = used[0] / cores, used[1] / mem
+        dom = self._dom[node]
+        dom[0] = res_c if res_c > res_m else res_m
+        dom[1] = use_c if use_c > use_m else use_m
 
     def _start(self, t: TaskRun) -> None:
         c, node, now, spec = self.cluster, t.node, self.now, t.spec
         c.reserve(node, t.res_cores, t.res_mem)
+        self._hold(t, 1.0)
         c.running[node].add(t)
         t.state = _RUNNING
         t.start_s = now
@@ -303,13 +412,18 @@ class Simulator:
         t.transfer_s, t.transfer_bytes = xfer, nbytes
         if nbytes > 0:
             c.receive(node, now, now + xfer, nbytes)
-        throttle = spec.cpu_cores / t.res_cores  # reserved below demand: proportionally slower
-        advertised = spec.duration_s / c.speed_rows[node][spec.type]
+        speed = c.speed_rows[node][spec.type]
+        # what the node expects from the declaration (for its measured slowdown)...
+        throttle = spec.cpu_cores / t.res_cores
+        advertised = spec.duration_s / speed
         t.advertised_s = advertised * throttle if throttle > 1 else advertised
-        t.compute_s = t.advertised_s * c.slowdown[node]
+        # ...and what really happens: CPU reserved below real use runs proportionally slower
+        throttle = t.use_cores / t.res_cores
+        actual = t.true_s / speed * c.slowdown[node]
+        t.compute_s = actual * throttle if throttle > 1 else actual
         t.compute_start_s = now + xfer + spec.cold_start_s
-        if t.res_mem < spec.mem_gb:  # memory grows with progress until it crosses the limit
-            at = t.compute_start_s + t.compute_s * t.res_mem / spec.mem_gb
+        if t.res_mem < t.peak_mem:  # memory grows with progress until it crosses the limit
+            at = t.compute_start_s + t.compute_s * t.res_mem / t.peak_mem
             self._push(at, FAIL, (t, _OOM), t.token)
         elif self._u() < c.transient_failure[node]:
             at = t.compute_start_s + t.compute_s * self._u()
@@ -330,20 +444,31 @@ class Simulator:
 
     # -- endings ------------------------------------------------------------------------------
 
-    def _end_attempt(self, t: TaskRun, outcome: str) -> None:
-        """Release the reservation and account its cost; the attempt ends now."""
+    def _end_attempt(self, t: TaskRun, outcome: str) -> tuple[float, float, float]:
+        """Release the reservation and account its cost and use; the attempt ends now.
+        Returns what was measured: (core-seconds used, peak memory GB, compute seconds)."""
         c, node, now = self.cluster, t.node, self.now
         c.release(node, t.res_cores, t.res_mem)
+        self._hold(t, -1.0)
         c.running[node].discard(t)
         t.token += 1
         t.end_s = now
         held = now - t.start_s
-        used_cores = t.res_cores if t.res_cores < t.spec.cpu_cores else t.spec.cpu_cores
-        used = used_cores * max(0.0, now - t.compute_start_s)
+        computed = now - t.compute_start_s
+        if computed < 0.0:
+            computed = 0.0
+        used_cores = t.res_cores if t.res_cores < t.use_cores else t.use_cores
+        used = used_cores * computed
+        # memory grows linearly to its peak over the whole compute; an OOM kill at the limit
+        peak = t.peak_mem if t.peak_mem < t.res_mem else t.res_mem
+        if outcome == "oom":
+            peak = t.res_mem
+        elif outcome != "done" and 0 < computed < t.compute_s:
+            peak *= computed / t.compute_s
         self.metrics.attempt_ended(node, t.res_cores * held, used)
         if self.log is not None:
             self.log.append(
-                (
+                AttemptRecord(
                     t.run.wf.id,
                     t.idx,
                     t.attempt,
@@ -354,22 +479,32 @@ class Simulator:
                     outcome,
                     t.res_cores,
                     t.res_mem,
+                    used,
+                    peak,
+                    computed,
+                    t.transfer_s,
                 )
             )
+        return used, peak, computed
 
     def _outcome(self, t: TaskRun, failed: bool) -> None:
-        run = t.run
-        late = 0.0 if failed else max(0.0, self.now - run.sub_deadline_s(t.idx))
+        """The attempt's reward terms; emitted once its completion credit is known too."""
+        run, c, node, now = t.run, self.cluster, t.node, self.now
+        late = 0.0 if failed else max(0.0, now - run.sub_deadline_s(t.idx))
+        cores, spec = c.cores_list[node], t.spec
         o = TaskOutcome(
             lateness=late / run.wf.deadline_s,
             failed=failed,
-            reserved_core_s=t.res_cores * (self.now - t.start_s),
-            ideal_core_s=t.spec.cpu_cores * t.spec.duration_s,
+            reserved_core_s=dominant_core_s(t.cpu, t.mem, cores, now - t.start_s),
+            ideal_core_s=dominant_core_s(
+                spec.cpu_cores / cores, spec.mem_gb / c.mem_list[node], cores, spec.duration_s
+            ),
             jain_at_decision=t.decided_jain,
-            migrated=t.prev_node >= 0 and t.prev_node != t.node,
+            migrated=t.prev_node >= 0 and t.prev_node != node,
             transfer_s=t.transfer_s,
-            compute_s=t.compute_s,
+            compute_s=now - t.compute_start_s if now > t.compute_start_s else 0.0,
         )
+        o.completion_wf_s, t.credit = t.credit, 0.0
         r = decision_reward(o, self.weights)
         self.metrics.total_reward += r
         if self.on_outcome is not None:
@@ -381,7 +516,21 @@ class Simulator:
         ratio = (self.now - t.compute_start_s) / t.advertised_s
         seen[node] += SLOWDOWN_WEIGHT * (ratio - seen[node])
         self._outcome(t, failed=False)
-        self._end_attempt(t, "done")
+        used, peak, computed = self._end_attempt(t, "done")
+        spec = t.spec
+        self.history.finished(
+            spec.family,
+            measured_ratios(
+                spec.duration_s,
+                spec.cpu_cores,
+                spec.mem_gb,
+                self.cluster.speed_rows[node][spec.type],
+                computed,
+                used,
+                peak,
+            ),
+            self.now,
+        )
         t.state = _DONE
         self.metrics.tasks_done += 1
         run = t.run
@@ -403,6 +552,7 @@ class Simulator:
         self.metrics.task_failures += 1
         if why == FailureKind.OOM:
             self.metrics.oom_kills += 1
+            self.history.oom(t.spec.family, t.res_mem / t.spec.mem_gb, self.now)
         self.cluster.record_failure(node, self.now)
         t.failures += 1
         if t.failures > t.max_retries:
@@ -420,15 +570,21 @@ class Simulator:
         run.failed = True
         del self.active[run.wf.id]
         self.metrics.workflow_failed(self.now)
+        # a failed workflow counts as in the system until its deadline: giving up never pays
+        self._charged_wf_s += max(0.0, run.wf.arrival_s + run.wf.deadline_s - self.now)
         touched: set[int] = set()
         for t in run.tasks:
             if t.state == _RUNNING:
+                self._outcome(t, failed=True)  # its remaining tasks are not free
                 self._end_attempt(t, "cancelled")
                 touched.add(t.node)
             elif t.state == _QUEUED:
                 c.queues[t.node].remove(t)
                 c.queue_len[t.node] -= 1
                 c.queued_core_s[t.node] -= self._est_core_s(t)
+                t.start_s = t.compute_start_s = self.now  # it held nothing
+                t.transfer_s = 0.0
+                self._outcome(t, failed=True)
             if t.state != _DONE:
                 t.state = _CANCELLED
         for node in sorted(touched):

@@ -74,7 +74,9 @@ class ClusterEnv(gym.Env[dict[str, np.ndarray], dict[str, Any]]):
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         super().reset(seed=seed)
-        gen = WorkloadGenerator(self.scenario.workload, self.scenario.cluster, self.np_random)
+        gen = WorkloadGenerator(
+            self.scenario.workload, self.scenario.cluster, self.np_random, self.scenario.truth
+        )
         sim_seed = int(self.np_random.integers(2**31))
         self.sim = Simulator(
             self.scenario, gen.generate(), seed=sim_seed, on_outcome=self._on_outcome

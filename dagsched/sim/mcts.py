@@ -59,7 +59,7 @@ class MCTSPolicy:
             d = Demand(sim, t)
             node = self._search(sim, t, d, view, out)
             out.append(d.decision(t, node))
-            view.take(sim, node, d, t.spec.duration_s)
+            view.take(sim, node, d, t)
         return out
 
     def _candidates(self, sim: Simulator, t: TaskRun, d: Demand, view: BatchView) -> list[int]:

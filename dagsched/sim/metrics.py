@@ -20,6 +20,12 @@ METRIC_KEYS: tuple[str, ...] = (
     "migrations",
     "task_failures",
     "oom_kills",
+    "reserved_util",
+    "used_util",
+    "reserved_cpu_util",
+    "reserved_mem_util",
+    "used_cpu_util",
+    "used_mem_util",
     "workflows_failed",
     "node_failures",
     "decisions",
@@ -56,9 +62,34 @@ class Metrics:
         self.total_reward = 0.0
         self.first_arrival = float("inf")
         self.last_end = 0.0
+        self.capacity = (1.0, 1.0)  # the cluster's cores and memory GB, for utilisation
+        # reserved cores, reserved GB, used cores, used GB x seconds, from the first arrival
+        # to `window_end` (the last arrival, once all have come)
+        self.window = [0.0, 0.0, 0.0, 0.0]
+        self.window_end = 0.0
+        # per node dominant share (max of CPU and memory fractions) x seconds, summed over
+        # nodes: reserved, used
+        self.node_dominant_s = [0.0, 0.0]
+        # workflows in the system and its integral over time (the completion term)
+        self.in_system = 0
+        self._wf_s = 0.0
+        self._wf_s_at = 0.0
+
+    def wf_seconds(self, now: float) -> float:
+        """Workflow-seconds spent in the system up to `now`."""
+        self._wf_s += self.in_system * (now - self._wf_s_at)
+        self._wf_s_at = now
+        return self._wf_s
+
+    def enter(self, now: float) -> None:
+        """A workflow arrived."""
+        self.wf_seconds(now)
+        self.in_system += 1
 
     def workflow_finished(self, arrival: float, end: float, deadline: float) -> None:
         """A workflow's last task finished at `end`."""
+        self.wf_seconds(end)
+        self.in_system -= 1
         self.workflows_done += 1
         self.jct.append(end - arrival)
         if end - arrival <= deadline + 1e-9:
@@ -67,11 +98,13 @@ class Metrics:
 
     def workflow_failed(self, now: float) -> None:
         """A workflow ran out of retries."""
+        self.wf_seconds(now)
+        self.in_system -= 1
         self.workflows_failed += 1
         self.last_end = max(self.last_end, now)
 
     def attempt_ended(self, node: int, reserved_core_s: float, used_core_s: float) -> None:
-        """Account one attempt's reservation (finished, failed or cancelled)."""
+        """Account one attempt's reservation and use (finished, failed or cancelled)."""
         self.cost_core_s += reserved_core_s
         self.used_core_s += used_core_s
         self.node_core_s[node] += reserved_core_s
@@ -81,6 +114,19 @@ class Metrics:
         n_wf = self.workflows_done + self.workflows_failed
         jct = np.asarray(self.jct) if self.jct else np.zeros(1)
         makespan = max(0.0, self.last_end - self.first_arrival) if n_wf else 0.0
+        # time-averaged shares of the cluster while workflows arrive (first to last arrival):
+        # the steady state, without the drain after the last arrival
+        span = self.window_end - self.first_arrival if n_wf else 0.0
+        span = span if span > 0 else 1.0
+        cores, mem = self.capacity
+        w = self.window
+        n_nodes = len(self.node_core_s)
+        util = {
+            "reserved_cpu_util": w[0] / (cores * span),
+            "reserved_mem_util": w[1] / (mem * span),
+            "used_cpu_util": w[2] / (cores * span),
+            "used_mem_util": w[3] / (mem * span),
+        }
         return {
             "workflows": n_wf,
             "tasks": self.tasks_done,
@@ -95,6 +141,9 @@ class Metrics:
             "migrations": self.migrations,
             "task_failures": self.task_failures,
             "oom_kills": self.oom_kills,
+            "reserved_util": self.node_dominant_s[0] / (n_nodes * span),
+            "used_util": self.node_dominant_s[1] / (n_nodes * span),
+            **util,
             "workflows_failed": self.workflows_failed,
             "node_failures": self.node_failures,
             "decisions": self.decisions,

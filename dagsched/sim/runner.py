@@ -24,6 +24,7 @@ POLICY_NAMES: tuple[str, ...] = (
     "sjf",
     "tetris",
     "heft",
+    "heft_history",
 )
 
 # Independent random streams per concern, so changing the policy never changes the workload.
@@ -39,7 +40,9 @@ def rng_for(seed: int, stream: int) -> np.random.Generator:
 
 def generate_workflows(scenario: ScenarioConfig, seed: int, n: int | None = None) -> list[Workflow]:
     """The scenario's workload for `seed`: `n` (default from config) workflows with arrivals."""
-    gen = WorkloadGenerator(scenario.workload, scenario.cluster, rng_for(seed, _WORKLOAD))
+    gen = WorkloadGenerator(
+        scenario.workload, scenario.cluster, rng_for(seed, _WORKLOAD), scenario.truth
+    )
     return gen.generate(n)
 
 
@@ -48,10 +51,14 @@ def stream_workflows(scenario: ScenarioConfig, seed: int, n: int) -> Iterator[Wo
 
     The arrival rate comes from a pilot sample of the same generator settings.
     """
-    pilot = WorkloadGenerator(scenario.workload, scenario.cluster, rng_for(seed, _PILOT))
-    rate = arrival_rate(scenario.workload.load, scenario.cluster, pilot.generate(PILOT_WORKFLOWS))
+    pilot = WorkloadGenerator(
+        scenario.workload, scenario.cluster, rng_for(seed, _PILOT), scenario.truth
+    )
+    rate = arrival_rate(
+        scenario.workload.load, scenario.cluster, pilot.generate(PILOT_WORKFLOWS), scenario.truth
+    )
     rng = rng_for(seed, _WORKLOAD)
-    gen = WorkloadGenerator(scenario.workload, scenario.cluster, rng)
+    gen = WorkloadGenerator(scenario.workload, scenario.cluster, rng, scenario.truth)
     t = 0.0
     for i in range(n):
         t += float(rng.exponential(1.0 / rate))
@@ -83,7 +90,7 @@ def simulate(
         wfs = generate_workflows(scenario, seed)
     else:
         wfs = _unique_ids(list(workflows))
-        rate = arrival_rate(scenario.workload.load, scenario.cluster, wfs)
+        rate = arrival_rate(scenario.workload.load, scenario.cluster, wfs, scenario.truth)
         wfs = retime(wfs, rate, rng_for(seed, _WORKLOAD))
     total = len(wfs)
     started = time.perf_counter()

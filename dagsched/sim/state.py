@@ -93,6 +93,7 @@ class TaskRun:
         "compute_s",
         "compute_start_s",
         "cpu",
+        "credit",
         "decided_jain",
         "end_s",
         "failures",
@@ -100,6 +101,7 @@ class TaskRun:
         "max_retries",
         "mem",
         "node",
+        "peak_mem",
         "prev_node",
         "ready_s",
         "res_cores",
@@ -111,6 +113,8 @@ class TaskRun:
         "token",
         "transfer_bytes",
         "transfer_s",
+        "true_s",
+        "use_cores",
         "waiting_parents",
     )
 
@@ -132,6 +136,11 @@ class TaskRun:
         self.advertised_s = 0.0  # compute time the node's advertised speed implies
         self.decided_jain = 1.0
         self.token = 0
+        # hidden truth, set by the simulator when the workflow arrives (never read by policies)
+        self.use_cores = spec.cpu_cores  # average cores it really uses
+        self.peak_mem = spec.mem_gb  # its real memory peak, GB
+        self.true_s = spec.duration_s  # its real compute time at reference speed
+        self.credit = 0.0  # workflow-seconds of the completion term its decision carries
 
     @property
     def key(self) -> str:

@@ -47,7 +47,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from dagsched.sim.workflow import TaskSpec, TaskType, Workflow, WorkflowError
+from dagsched.sim.workflow import TaskSpec, TaskType, Workflow, WorkflowError, family_of
 
 SUPPORTED_VERSIONS: tuple[str, ...] = ("1.3", "1.4", "1.5", "1.6")
 DEFAULT_RUNTIME_S = 1.0
@@ -322,6 +322,7 @@ def _resolve(raws: list[_Raw], where: str) -> tuple[list[TaskSpec], set[tuple[in
                 mem_gb=mem / GB,
                 input_bytes=r.input_bytes,
                 output_bytes=r.output_bytes,
+                family=family_of(r.hints[0] if r.hints else r.name),
             )
         )
     return tasks, edges

@@ -24,6 +24,7 @@ def to_workflow(msg: WorkflowMsg, max_tasks: int) -> Workflow:
             input_bytes=t.input_bytes,
             output_bytes=t.output_bytes,
             cold_start_s=t.cold_start_s,
+            family=t.family or t.name,
         )
         for t in msg.tasks
     ]
@@ -51,6 +52,7 @@ def to_message(wf: Workflow) -> WorkflowMsg:
                 input_bytes=t.input_bytes,
                 output_bytes=t.output_bytes,
                 cold_start_s=t.cold_start_s,
+                family=t.family if t.family != t.name else None,
             )
             for t in wf.tasks
         ],

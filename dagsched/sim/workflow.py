@@ -7,6 +7,7 @@ point parent -> child and every workflow is validated to be a connected DAG.
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +36,9 @@ class TaskSpec:
 
     `duration_s` is the compute time at reference speed (speed factor 1.0) with its full CPU
     demand reserved; `output_bytes` is the data each child must receive before it starts.
+    These are declared values: what the task really uses and how long it really runs is the
+    simulator's hidden truth (`sim.truth`). `family` names the recurring kind of task it is
+    (a template's stage, a WfFormat task name without its number); it defaults to `name`.
     """
 
     name: str
@@ -45,8 +49,11 @@ class TaskSpec:
     input_bytes: float = 0.0
     output_bytes: float = 0.0
     cold_start_s: float = 0.0
+    family: str = ""
 
     def __post_init__(self) -> None:
+        if not self.family:
+            object.__setattr__(self, "family", self.name)
         if not self.duration_s > 0:
             raise WorkflowError(
                 f"task {self.name!r}: duration_s must be > 0, got {self.duration_s}"
@@ -158,6 +165,15 @@ class Workflow:
     def total_work_core_s(self) -> float:
         """CPU demand x duration summed over tasks, at reference speed."""
         return sum(t.cpu_cores * t.duration_s for t in self.tasks)
+
+
+_NUMBERED = re.compile(r"(?:[-_:.#]?(?:ID)?\d+)+$")
+
+
+def family_of(name: str) -> str:
+    """A task name without its numeric suffix: "map-12" -> "map", "mProject_00000012" ->
+    "mProject". Names that are only a number keep it."""
+    return _NUMBERED.sub("", name) or name
 
 
 def topological_order(

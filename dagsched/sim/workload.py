@@ -2,19 +2,22 @@
 
 Every draw comes from the `np.random.Generator` handed in, so one seed gives one workload.
 Arrivals are timed so that the offered load (node-seconds occupied per second over the
-cluster's nodes, see `offered_node_s`) matches `WorkloadConfig.load`.
+cluster's nodes, see `offered_node_s`) matches `WorkloadConfig.load`: the share of the
+cluster that a good type-aware scheduler keeps reserved.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import replace
 
 import numpy as np
 
-from dagsched.sim.config import ClusterConfig, WorkloadConfig
+from dagsched.sim.config import ClusterConfig, TruthConfig, WorkloadConfig
 from dagsched.sim.dags import drop_edges, layered_dag
 from dagsched.sim.templates import TEMPLATES
+from dagsched.sim.truth import expected_ratios
 from dagsched.sim.workflow import TASK_TYPE_NAMES, TaskSpec, TaskType, Workflow
 
 MB = 1e6
@@ -27,6 +30,7 @@ DEMANDS: dict[TaskType, tuple[tuple[float, float], tuple[float, float], float]] 
     TaskType.GPU: ((2.0, 8.0), (8.0, 64.0), 200 * MB),
     TaskType.MEM: ((1.0, 4.0), (32.0, 160.0), 200 * MB),
 }
+_STAGE_NUMBER = re.compile(r"-\d+$")  # "map-12" is the 13th task of stage "map"
 OUTPUT_SIGMA = 1.0  # log-space spread of output sizes
 NOISE_FLOOR = 0.25  # a perturbed demand never drops below this share of its drawn value
 
@@ -59,6 +63,7 @@ def sample_tasks(
     types: Sequence[TaskType],
     names: Sequence[str],
     edges: Sequence[tuple[int, int]],
+    families: Sequence[str] | None = None,
 ) -> list[TaskSpec]:
     """Draw duration, demands, data sizes and cold start for each task of a DAG shape."""
     n = len(types)
@@ -85,6 +90,7 @@ def sample_tasks(
             input_bytes=float(inp[i]),
             output_bytes=float(out[i]),
             cold_start_s=float(cold[i]),
+            family=families[i] if families is not None else "",
         )
         for i in range(n)
     ]
@@ -94,38 +100,54 @@ class WorkloadGenerator:
     """Draws workflows per `WorkloadConfig` for a cluster, from one random generator."""
 
     def __init__(
-        self, cfg: WorkloadConfig, cluster: ClusterConfig, rng: np.random.Generator
+        self,
+        cfg: WorkloadConfig,
+        cluster: ClusterConfig,
+        rng: np.random.Generator,
+        truth: TruthConfig | None = None,
     ) -> None:
         unknown = [t for t in cfg.templates if t not in TEMPLATES]
         if unknown:
             raise ValueError(f"unknown templates {unknown}; choose from {sorted(TEMPLATES)}")
         self.cfg = cfg
         self.cluster = cluster
+        self.truth = truth if truth is not None else TruthConfig()
         self.rng = rng
         self._mix_types = [TaskType[k.upper()] for k in cfg.type_mix]
         shares = np.array(list(cfg.type_mix.values()), dtype=float)
         self._mix_p = shares / shares.sum()
 
-    def _shape(self, size: int) -> tuple[list[TaskType], list[tuple[int, int]], list[str], str]:
+    def _shape(
+        self, size: int
+    ) -> tuple[list[TaskType], list[tuple[int, int]], list[str], str, list[str]]:
+        """Types, edges, names, source and the family of each task.
+
+        A template task's family is the template and its stage ("mapreduce:map"); a layered
+        DAG's task is one of `families_per_type` families of its type ("layered:cpu-3")."""
         cfg, rng = self.cfg, self.rng
         if cfg.templates and rng.random() < cfg.template_share:
             name = cfg.templates[int(rng.integers(len(cfg.templates)))]
             types, edges, names = TEMPLATES[name](rng, size)
-            return types, edges, names, f"template:{name}"
+            families = [f"{name}:{_STAGE_NUMBER.sub('', x)}" for x in names]
+            return types, edges, names, f"template:{name}", families
         alpha = float(rng.uniform(*cfg.alpha))
         beta = float(rng.uniform(*cfg.beta))
         edges = layered_dag(rng, size, cfg.max_out, alpha, beta)
         picks = rng.choice(len(self._mix_types), size=size, p=self._mix_p)
         types = [self._mix_types[int(k)] for k in picks]
-        return types, edges, [f"task-{i}" for i in range(size)], "layered"
+        kinds = rng.integers(cfg.families_per_type, size=size)
+        families = [
+            f"layered:{TASK_TYPE_NAMES[t]}-{int(k)}" for t, k in zip(types, kinds, strict=True)
+        ]
+        return types, edges, [f"task-{i}" for i in range(size)], "layered", families
 
     def make_workflow(self, wf_id: str, arrival_s: float = 0.0) -> Workflow:
         """One random workflow: a template (share `template_share`) or a layered DAG."""
         cfg, rng = self.cfg, self.rng
         size = int(rng.integers(cfg.size[0], cfg.size[1] + 1))
-        types, edges, names, source = self._shape(size)
+        types, edges, names, source, families = self._shape(size)
         edges = drop_edges(rng, len(types), edges, float(rng.uniform(*cfg.edge_drop)))
-        tasks = sample_tasks(rng, cfg, types, names, edges)
+        tasks = sample_tasks(rng, cfg, types, names, edges, families)
         return Workflow.build(
             wf_id,
             tasks,
@@ -142,7 +164,7 @@ class WorkloadGenerator:
         if count < 1:
             raise ValueError(f"n must be >= 1, got {count}")
         wfs = [self.make_workflow(f"wf-{i:05d}") for i in range(count)]
-        rate = arrival_rate(self.cfg.load, self.cluster, wfs)
+        rate = arrival_rate(self.cfg.load, self.cluster, wfs, self.truth)
         return retime(wfs, rate, self.rng, start_s)
 
 
@@ -151,45 +173,51 @@ def total_cores(cluster: ClusterConfig) -> float:
     return float(sum(g.cores * g.count for g in cluster.groups))
 
 
-def offered_node_s(cluster: ClusterConfig, workflows: Sequence[Workflow]) -> np.ndarray:
-    """Node-seconds each workflow occupies when every task reserves its demand (clamped to
-    the reservation bounds) on a node drawn uniformly from the cluster.
+def offered_node_s(
+    cluster: ClusterConfig, workflows: Sequence[Workflow], truth: TruthConfig | None = None
+) -> np.ndarray:
+    """Node-seconds each workflow occupies when every task runs on the node kind that runs
+    its type fastest, using what it truly uses on average (`truth.expected_ratios`).
 
-    A task occupies its dominant share of the node - max(CPU share, memory share), floored by
-    the minimum reservations 0.1 and 0.2 - for its cold start plus compute at that node's
-    speed. This is the load a type-oblivious scheduler sees: the memory floor and the speed
-    mismatch (a GPU task off a GPU node) both count, which cores alone would hide.
+    A task occupies its dominant share of such a node - max(CPU share, memory share) of its
+    expected real use, floored by the minimum reservations 0.1 and 0.2 - for its cold start
+    plus its expected real compute time at that speed. Divided by the cluster's node count
+    and the time between arrivals, it is the share of the cluster a type-aware,
+    history-aware scheduler keeps reserved (measured on heft_history; README "Load").
     """
-    cores = np.concatenate([np.full(g.count, g.cores) for g in cluster.groups])
-    mem = np.concatenate([np.full(g.count, g.mem_gb) for g in cluster.groups])
-    speed = np.concatenate(
-        [
-            np.tile([cluster.speed[g.kind][t] for t in TASK_TYPE_NAMES], (g.count, 1))
-            for g in cluster.groups
-        ]
-    )
+    cpu_r, mem_r, rt_r = expected_ratios(truth if truth is not None else TruthConfig())
+    kinds = [g for g in cluster.groups if g.count]
+    # per task type: the fastest node kind's (cores, memory GB, speed)
+    best = []
+    for t in TASK_TYPE_NAMES:
+        g = max(kinds, key=lambda g: cluster.speed[g.kind][t])
+        best.append((g.cores, g.mem_gb, cluster.speed[g.kind][t]))
+    shape = np.array(best)
     out = np.empty(len(workflows))
     for k, wf in enumerate(workflows):
-        cpu = np.array([t.cpu_cores for t in wf.tasks])[:, None] / cores[None, :]
-        mm = np.array([t.mem_gb for t in wf.tasks])[:, None] / mem[None, :]
-        share = np.maximum(np.clip(cpu, 0.1, 0.9), np.clip(mm, 0.2, 0.8))
-        dur = (
-            np.array([t.duration_s for t in wf.tasks])[:, None]
-            / speed[:, [t.type for t in wf.tasks]].T
+        spec = np.array([(t.cpu_cores, t.mem_gb, t.duration_s, t.cold_start_s) for t in wf.tasks])
+        node = shape[[int(t.type) for t in wf.tasks]]
+        share = np.maximum(
+            np.clip(spec[:, 0] * cpu_r / node[:, 0], 0.1, 0.9),
+            np.clip(spec[:, 1] * mem_r / node[:, 1], 0.2, 0.8),
         )
-        cold = np.array([t.cold_start_s for t in wf.tasks])[:, None]
-        out[k] = float((share * (cold + dur)).mean(axis=1).sum())
+        out[k] = float((share * (spec[:, 3] + spec[:, 2] * rt_r / node[:, 2])).sum())
     return out
 
 
-def arrival_rate(load: float, cluster: ClusterConfig, workflows: Sequence[Workflow]) -> float:
+def arrival_rate(
+    load: float,
+    cluster: ClusterConfig,
+    workflows: Sequence[Workflow],
+    truth: TruthConfig | None = None,
+) -> float:
     """Workflows per second so that the offered load is `load` x the cluster's nodes:
     load x n_nodes / mean(offered_node_s) - see `offered_node_s` for what a task occupies."""
     if load <= 0:
         raise ValueError(f"load must be > 0, got {load}")
     if not workflows:
         raise ValueError("need at least one workflow to estimate the mean work")
-    return load * cluster.n_nodes / float(offered_node_s(cluster, workflows).mean())
+    return load * cluster.n_nodes / float(offered_node_s(cluster, workflows, truth).mean())
 
 
 def retime(

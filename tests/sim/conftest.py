@@ -6,7 +6,13 @@ from dataclasses import replace
 
 import pytest
 
-from dagsched.sim.config import ClusterConfig, FaultConfig, ScenarioConfig, WorkloadConfig
+from dagsched.sim.config import (
+    ClusterConfig,
+    FaultConfig,
+    ScenarioConfig,
+    TruthConfig,
+    WorkloadConfig,
+)
 
 
 def small_scenario(
@@ -15,13 +21,16 @@ def small_scenario(
     load: float = 0.8,
     node_failure_per_hour: float = 0.032,
     transient: float = 0.01,
+    exact: bool = False,
 ) -> ScenarioConfig:
+    """A small scenario; `exact` runs tasks on exactly what they declare (no hidden truth)."""
     return ScenarioConfig(
         cluster=ClusterConfig().scaled(nodes),
         faults=FaultConfig(
             node_failure_per_hour=node_failure_per_hour, transient_task_failure=transient
         ),
         workload=WorkloadConfig(workflows=workflows, load=load, size=(4, 20)),
+        truth=TruthConfig(exact=exact),
     )
 
 

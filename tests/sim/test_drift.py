@@ -25,18 +25,18 @@ def test_drift_picks_a_share_of_every_kind() -> None:
 
 def _slowdown_by_node(drift: DriftConfig | None) -> tuple[Simulator, dict[int, set[float]]]:
     """Per node, the ratios of actual compute time to what its advertised speed implies."""
-    sc = replace(small_scenario(workflows=40), drift=drift)
+    sc = replace(small_scenario(workflows=40, exact=True), drift=drift)
     wfs = {wf.id: wf for wf in generate_workflows(sc, 2)}
     sim = Simulator(sc, list(wfs.values()), seed=2, keep_log=True)
     sim.run(make_policy("round_robin", 2))
     assert sim.log is not None
     ratios: dict[int, set[float]] = {}
-    for wf, i, _a, node, _s, cstart, end, outcome, cores, _m in sim.log:
-        if outcome == "done":
-            spec = wfs[wf].tasks[i]
+    for r in sim.log:
+        if r.outcome == "done":
+            spec, node = wfs[r.wf_id].tasks[r.idx], r.node
             advertised = spec.duration_s / sim.cluster.speed[node, spec.type]
-            advertised *= max(1.0, spec.cpu_cores / cores)
-            ratios.setdefault(node, set()).add(round((end - cstart) / advertised, 6))
+            advertised *= max(1.0, spec.cpu_cores / r.res_cores)
+            ratios.setdefault(node, set()).add(round(r.runtime_s / advertised, 6))
     return sim, ratios
 
 

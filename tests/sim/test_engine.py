@@ -37,7 +37,7 @@ def test_invariants_under_faults(faulty_scenario: ScenarioConfig, policy: str) -
     cluster = sim.cluster
     # 1. no node ever holds more than its capacity (sweep over attempt intervals)
     by_node: dict[int, list[tuple[float, int, float, float]]] = defaultdict(list)
-    for _wf, _i, _a, node, start, _cs, end, _o, cores, mem in sim.log:
+    for _wf, _i, _a, node, start, _cs, end, _o, cores, mem, *_ in sim.log:
         by_node[node] += [(start, 1, cores, mem), (end, 0, -cores, -mem)]
     for node, events in by_node.items():
         used_c = used_m = 0.0
@@ -47,11 +47,9 @@ def test_invariants_under_faults(faulty_scenario: ScenarioConfig, policy: str) -
             assert used_c <= cluster.cores[node] + 1e-6
             assert used_m <= cluster.mem_gb[node] + 1e-6
     # 2. no task computes before its parents finished and their outputs arrived
-    done = {
-        (wf, i): (node, end) for wf, i, _a, node, _s, _cs, end, o, _c, _m in sim.log if o == "done"
-    }
+    done = {(r.wf_id, r.idx): (r.node, r.end_s) for r in sim.log if r.outcome == "done"}
     wfs = {wf.id: wf for wf in generate_workflows(faulty_scenario, 1)}
-    for wf_id, i, _a, node, start, compute_start, _e, outcome, _c, _m in sim.log:
+    for wf_id, i, _a, node, start, compute_start, _e, outcome, _c, _m, *_ in sim.log:
         if outcome == "cancelled" and compute_start > _e:
             continue
         wf = wfs[wf_id]
@@ -123,7 +121,8 @@ class Fixed:
 
 
 def _quiet() -> ScenarioConfig:
-    return small_scenario(node_failure_per_hour=0.0, transient=0.0)
+    """No faults, and tasks use exactly what they declare."""
+    return small_scenario(node_failure_per_hour=0.0, transient=0.0, exact=True)
 
 
 def test_cpu_below_demand_runs_proportionally_slower() -> None:

@@ -1,3 +1,4 @@
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -144,17 +145,30 @@ def test_arrival_rate_from_load():
     assert offered == pytest.approx(0.8, rel=0.08)
 
 
-def test_offered_load_counts_memory_floor_and_speed():
-    """A tiny-memory CPU task still occupies 20% of a node; a GPU task off GPU nodes is slow."""
+def test_offered_load_is_work_at_the_fastest_kind_with_expected_real_use():
+    """Hand-worked: a tiny CPU task still occupies 20% of a node (the memory floor), on the
+    node kind that runs its type fastest; with hidden truth on, its expected real use and
+    runtime count, not its declaration."""
+    from dagsched.sim.config import TruthConfig
     from dagsched.sim.workflow import TaskSpec
 
-    one = ClusterConfig(groups=(NodeGroup("cpu", 1, cores=10, mem_gb=100),))
+    two = ClusterConfig(
+        groups=(
+            NodeGroup("cpu", 1, cores=10, mem_gb=100),
+            NodeGroup("gpu", 1, cores=10, mem_gb=100, gpu_mem_gb=80),
+        )
+    )
+    exact = TruthConfig(exact=True)
     cpu_task = Workflow.build("a", [TaskSpec("t", TaskType.CPU, 100.0, 1.0, 1.0)], [])
-    speed = one.speed["cpu"]["cpu"]
-    assert offered_node_s(one, [cpu_task])[0] == pytest.approx(0.2 * 100.0 / speed)
+    assert offered_node_s(two, [cpu_task], exact)[0] == pytest.approx(0.2 * 100.0 / 1.5)
     gpu_task = Workflow.build("b", [TaskSpec("t", TaskType.GPU, 100.0, 1.0, 1.0)], [])
-    assert offered_node_s(one, [gpu_task])[0] == pytest.approx(
-        0.2 * 100.0 / one.speed["cpu"]["gpu"]
+    assert offered_node_s(two, [gpu_task], exact)[0] == pytest.approx(0.2 * 100.0 / 4.0)
+    # 50 GB of 100: memory-bound. Expected peak ratio 0.7 x exp((0.2^2 + 0.13^2) / 2) and
+    # runtime ratio exp((0.4^2 + 0.27^2) / 2), from the documented default spreads.
+    big = Workflow.build("c", [TaskSpec("t", TaskType.CPU, 100.0, 1.0, 50.0)], [])
+    mem_mean, rt_mean = 0.7 * math.exp(0.02845), math.exp(0.11645)
+    assert offered_node_s(two, [big], TruthConfig())[0] == pytest.approx(
+        0.5 * mem_mean * 100.0 * rt_mean / 1.5, rel=1e-4
     )
 
 

@@ -1,0 +1,39 @@
+"""Estimates every scheduler may make from what a deployment knows: zones and NICs for
+transfers, declared (or history-predicted) runtimes for when running tasks end.
+
+Never the simulator's hidden latency matrix or true run times: heuristics, the observation
+and the daemon all estimate with these same rules.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+CROSS_ZONE_LATENCY_S = 0.05
+SAME_ZONE_LATENCY_S = 0.001
+CROSS_ZONE_GBPS = 5.0
+
+
+def transfer_to_all_s(
+    zone: np.ndarray, net_gbps: np.ndarray, src: int, nbytes: float
+) -> np.ndarray:
+    """Estimated seconds to move `nbytes` from node `src` to every node (0 to itself): the
+    NICs bound a transfer within a zone, CROSS_ZONE_GBPS one across zones."""
+    same_zone = zone == zone[src]
+    gbps = np.where(
+        same_zone,
+        np.minimum(net_gbps, net_gbps[src]),
+        np.minimum(CROSS_ZONE_GBPS, net_gbps),
+    )
+    t = nbytes * 8.0 / (gbps * 1e9) + np.where(same_zone, SAME_ZONE_LATENCY_S, CROSS_ZONE_LATENCY_S)
+    t[src] = 0.0
+    return t
+
+
+def raised_prediction_s(predicted_s: float, elapsed_s: float, declared_s: float) -> float:
+    """A running task's predicted run time once it has run `elapsed_s` (Tsafrir, Etsion and
+    Feitelson, 2007): the prediction while it holds; once outlived, the declared estimate
+    if that is longer still, else twice the time elapsed."""
+    if elapsed_s < predicted_s:
+        return predicted_s
+    return declared_s if declared_s > elapsed_s else 2.0 * elapsed_s
