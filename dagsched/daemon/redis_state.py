@@ -14,6 +14,7 @@ Every key starts with `{topic_prefix}dagsched:` so two stacks can share one Redi
 | `wfdone:{id}`, `wfactive:{id}` | sets | task indices done / decided and not done |
 | `wfnode:{id}` | hash | task index -> node id of its latest started attempt |
 | `clock` | string | latest event time (job-queue clock) |
+| `hist:{family}`, `histseen:...` | hash, string | per-family history of measured outcomes (`daemon.history_store`) |
 
 A decision, its reservation and its ledger entry are written by one Lua script, so two
 replicas racing on the same task converge on one decision (the loser gets the winner's), and
@@ -32,6 +33,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
+from dagsched.daemon.history_store import RedisHistory
 from dagsched.schemas.messages import (
     NodeDownMsg,
     NodeHeartbeatMsg,
@@ -39,6 +41,7 @@ from dagsched.schemas.messages import (
     TaskFailedMsg,
     TaskFinishedMsg,
     TaskStartedMsg,
+    WorkflowMsg,
 )
 from dagsched.settings import Settings
 from dagsched.sim.config import NODE_KINDS
@@ -167,6 +170,7 @@ class RedisState:
         self._ledger = redis.register_script(LEDGER_LUA)
         self._reset = redis.register_script(RESET_NODE_LUA)
         self._clock = redis.register_script(_MAX_CLOCK_LUA)
+        self.history = RedisHistory(redis, self.key, settings.sim.cluster.speed)
 
     def key(self, *parts: str) -> str:
         return self.prefix + ":".join(parts)
@@ -311,10 +315,21 @@ class RedisState:
                 pipe.srem(self.key("wfactive", msg.workflow_id), str(msg.task))
             for suffix in ("wfnode", "wfdone", "wfactive"):
                 pipe.expire(self.key(suffix, msg.workflow_id), WORKFLOW_TTL_S)
-            await pipe.execute()
+            if not started:
+                pipe.get(self.key("wf", msg.workflow_id))
+                pipe.hget(self.key("node", msg.node), "kind")
+            res = await pipe.execute()
+            if not isinstance(msg, TaskStartedMsg) and res[-2] is not None:
+                await self._learn(msg, res[-2], _str(res[-1] or b"cpu"))
         else:
             raise TypeError(f"not an event: {type(msg).__name__}")
         await self._clock(keys=[self.key("clock")], args=[repr(float(msg.at))])
+
+    async def _learn(self, msg: TaskFinishedMsg | TaskFailedMsg, wf_raw: bytes, kind: str) -> None:
+        """Feed the family history with what the attempt measurably used."""
+        tasks = WorkflowMsg.model_validate_json(wf_raw).tasks
+        if msg.task < len(tasks):
+            await self.history.record(msg, tasks[msg.task], kind)
 
     async def _heartbeat(self, msg: NodeHeartbeatMsg) -> None:
         key = self.key("node", msg.node)

@@ -383,9 +383,11 @@ class Replay:
                 self._event(node, TaskStartedMsg(workflow_id=wf_id, task=idx, attempt=attempt,
                                                  node=node, at=r.start_s))  # fmt: skip
             # what a node agent measures of the attempt: the only way the truth gets out
-            common: dict[str, Any] = {"workflow_id": wf_id, "task": idx, "attempt": attempt, "node": node,
-                      "at": r.end_s, "cpu_core_s": r.cpu_core_s, "peak_mem_gb": r.peak_mem_gb,
-                      "runtime_s": r.runtime_s, "transfer_s": r.transfer_s}  # fmt: skip
+            common: dict[str, Any] = {
+                "workflow_id": wf_id, "task": idx, "attempt": attempt, "node": node,
+                "at": r.end_s, "cpu_core_s": r.cpu_core_s, "peak_mem_gb": r.peak_mem_gb,
+                "runtime_s": r.runtime_s, "transfer_s": r.transfer_s,
+            }  # fmt: skip
             if r.outcome == "done":
                 self._done_at.setdefault(wf_id, {})[idx] = r.end_s
                 self._event(node, TaskFinishedMsg(**common))

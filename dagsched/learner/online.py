@@ -4,10 +4,12 @@
 reservation), its decision-log record (`dagsched.decisionlog`: the raw observation, unit
 action, behaviour log-prob and value), the workflow (`dagsched.tasks`: deadline and demands)
 and the attempt's events (`dagsched.events`: started, finished or failed; heartbeats give node
-cores). The reward is `sim.reward.decision_reward` on a `TaskOutcome` built the way the
-simulator builds it; what the events do not carry is taken from the logged observation
-(Jain index of node CPU use at decision time, the transfer estimate to the chosen node). An
-attempt with no outcome after `timeout_s` gets the default outcome: failed, cost at demand.
+cores and memory). The reward is `sim.reward.decision_reward` on a `TaskOutcome` built the
+way the simulator builds it: cost in dominant-share core-seconds, the measured transfer and
+compute seconds the end event carries; the Jain index at decision time (with the decision's
+own reservation) comes from the logged observation. The completion term needs the global
+order of decisions and is not joined yet (0). An attempt with no outcome after `timeout_s`
+gets the default outcome: failed, cost at demand.
 
 `finetune_heads` is PPO on the actor heads only (`ActorCritic.actor_parameters`): every other
 parameter has `requires_grad=False` and is bitwise unchanged. Importance ratios are against the
@@ -42,7 +44,7 @@ from dagsched.schemas.messages import (
     WorkflowMsg,
 )
 from dagsched.sim.config import RewardWeights
-from dagsched.sim.reward import TaskOutcome, decision_reward
+from dagsched.sim.reward import TaskOutcome, decision_reward, dominant_core_s, jain_with
 from dagsched.sim.wire import to_workflow
 from dagsched.sim.workflow import Workflow, downward_finish_s
 
@@ -91,12 +93,6 @@ class _WorkflowInfo:
     cp: float
 
 
-def jain(x: np.ndarray) -> float:
-    """Jain's index of `x` (1 when all are zero), as the simulator's cluster computes it."""
-    sq = float((x * x).sum())
-    return 1.0 if sq <= 1e-12 else min(1.0, float(x.sum()) ** 2 / (len(x) * sq))
-
-
 @dataclass
 class OutcomeJoiner:
     """Joins decisions, decision logs, workflows and task events into `Joined` outcomes."""
@@ -107,6 +103,7 @@ class OutcomeJoiner:
     wait_for_log: bool = True  # the evaluator needs no observation: join without waiting
     workflows: dict[str, _WorkflowInfo] = field(default_factory=dict)
     cores: dict[str, float] = field(default_factory=dict)
+    mem_gb: dict[str, float] = field(default_factory=dict)
     pending: dict[Key, _Pending] = field(default_factory=dict)
     last_node: dict[str, str] = field(default_factory=dict)
     waiting: dict[str, set[Key]] = field(default_factory=dict)  # workflow id -> keys
@@ -126,6 +123,7 @@ class OutcomeJoiner:
             return out
         if isinstance(msg, NodeHeartbeatMsg):
             self.cores[msg.node] = msg.cores
+            self.mem_gb[msg.node] = msg.mem_gb
             return []
         if not isinstance(
             msg, DecisionMsg | DecisionLogMsg | TaskStartedMsg | TaskFinishedMsg | TaskFailedMsg
@@ -183,7 +181,12 @@ class OutcomeJoiner:
                 obs = observation_from_dict(p.log.observation)
             except ValueError:
                 obs = None
-        ideal = spec.cpu_cores * spec.duration_s
+        cores = self.cores.get(d.node, spec.cpu_cores / d.cpu)
+        mem_gb = self.mem_gb.get(d.node, spec.mem_gb / d.mem)
+        ideal = dominant_core_s(
+            spec.cpu_cores / cores, spec.mem_gb / mem_gb, cores, spec.duration_s
+        )
+        measured_transfer = measured_compute = None
         if p.ended is None or default:
             failed, late, reserved, held, end_at = True, 0.0, ideal, 0.0, 0.0
         else:
@@ -193,12 +196,21 @@ class OutcomeJoiner:
             failed = isinstance(p.ended, TaskFailedMsg)
             sub = info.wf.arrival_s + info.wf.deadline_s * info.finish[d.task] / info.cp
             late = 0.0 if failed else max(0.0, end_at - sub)
-            reserved = d.cpu * self.cores.get(d.node, spec.cpu_cores / d.cpu) * held
+            reserved = dominant_core_s(d.cpu, d.mem, cores, held)
+            if p.ended.runtime_s > 0 or p.ended.transfer_s > 0:  # what the node measured
+                measured_transfer, measured_compute = p.ended.transfer_s, p.ended.runtime_s
         transfer = 0.0
         jain_at = 1.0
         if obs is not None and p.log is not None and p.log.node_index < obs.nodes.shape[0]:
             transfer = float(np.expm1(obs.nodes[p.log.node_index, _TRANSFER]))
-            jain_at = jain(obs.nodes[:, _CPU_USED].astype(np.float64))
+            used = obs.nodes[:, _CPU_USED].astype(np.float64)
+            old = float(used[p.log.node_index])
+            jain_at = jain_with(float(used.sum()), float((used * used).sum()), len(used), old,
+                                old + d.cpu)  # fmt: skip
+        if measured_transfer is not None and measured_compute is not None:
+            transfer, compute = measured_transfer, measured_compute
+        else:
+            compute = max(0.0, held - transfer)
         prev = self.last_node.get(key[0]) if key[1] > 0 else None
         self.last_node[key[0]] = d.node
         outcome = TaskOutcome(
@@ -209,7 +221,7 @@ class OutcomeJoiner:
             jain_at_decision=jain_at,
             migrated=prev is not None and prev != d.node,
             transfer_s=transfer,
-            compute_s=max(0.0, held - transfer),
+            compute_s=compute,
         )
         log = p.log
         return Joined(

@@ -29,7 +29,12 @@ _LOG_GROWTH = math.log(BUCKET_GROWTH)
 _LOG_MIN = math.log(MIN_RATIO)
 # bucket upper bounds: a percentile reads as the bound below which that share of weight lies
 BUCKET_TOP = MIN_RATIO * BUCKET_GROWTH ** np.arange(1, N_BUCKETS + 1)
-_RESCALE_AT = 1e100  # renormalise weights before they overflow
+RESCALE_AT = 1e100  # renormalise weights before they overflow
+
+
+def sample_weight(at_s: float, ref_s: float) -> float:
+    """A sample's weight: doubles every half-life after the reference time."""
+    return 2.0 ** ((at_s - ref_s) / HALF_LIFE_S)
 
 
 def bucket(ratio: float) -> int:
@@ -48,17 +53,24 @@ class DecayingHistogram:
     def __init__(self) -> None:
         self.weights = np.zeros(N_BUCKETS)
         self.total = 0.0
-        self.ref_s = 0.0  # weights are 2^((t - ref_s) / half-life)
+        self.ref_s: float | None = None  # weights are 2^((t - ref_s) / half-life)
 
     def add(self, ratio: float, at_s: float) -> None:
         """Count one observed ratio at time `at_s`."""
-        w = 2.0 ** ((at_s - self.ref_s) / HALF_LIFE_S)
-        if w > _RESCALE_AT:
+        self.add_to(bucket(ratio), at_s)
+
+    def add_to(self, i: int, at_s: float) -> None:
+        """Count one sample in bucket `i` at time `at_s` (the first sample sets the reference
+        time; weights are renormalised before they overflow)."""
+        if self.ref_s is None:
+            self.ref_s = at_s
+        w = sample_weight(at_s, self.ref_s)
+        if w > RESCALE_AT:
             self.weights /= w
             self.total /= w
             self.ref_s = at_s
             w = 1.0
-        self.weights[bucket(ratio)] += w
+        self.weights[i] += w
         self.total += w
 
     def percentile(self, q: float) -> float:

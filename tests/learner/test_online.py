@@ -142,14 +142,15 @@ def test_join_uses_the_simulator_reward(transitions: list[Joined]) -> None:
     j = done[0]
     # sub-deadline of task 0 = 40 * 10 / 20 = 20 s; finished at 30: 10 s late of 40
     cpu_used = np.asarray(raw["nodes"], dtype=np.float64)[:, 0]
+    after = cpu_used.copy()
+    after[0] += 0.25
     expected = TaskOutcome(
         lateness=10 / 40,
         failed=False,
         reserved_core_s=0.25 * 16 * 30,
         ideal_core_s=20.0,
-        jain_at_decision=float(cpu_used.sum() ** 2 / (len(cpu_used) * (cpu_used**2).sum()))
-        if (cpu_used**2).sum() > 1e-12
-        else 1.0,
+        # the Jain index of node CPU use with this decision's own 0.25 taken on node 0
+        jain_at_decision=float(after.sum() ** 2 / (len(after) * (after**2).sum())),
         migrated=False,
         transfer_s=float(np.expm1(np.asarray(raw["nodes"])[0, 11])),
         compute_s=30 - float(np.expm1(np.asarray(raw["nodes"])[0, 11])),

@@ -78,7 +78,7 @@ def test_history_converges_to_the_family_truth_on_a_long_run() -> None:
     for family, stats in sim.history.families.items():
         if stats.count < 150:
             continue
-        cpu, mem, rt = sim.truth.family(family)
+        _cpu, mem, rt = sim.truth.family(family)
         # the truth's own p90 of this family's memory ratio, by sampling its task spread
         draws = mem * np.exp(rng.normal(0, cfg.mem_peak_task_sigma, 20_000))
         assert stats.mem.percentile(0.9) == pytest.approx(np.quantile(draws, 0.9), rel=0.12)

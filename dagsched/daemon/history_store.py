@@ -1,0 +1,157 @@
+"""Per-family history in Redis: the daemon's copy of `sim.history`, fed by the same events.
+
+One hash per family, `{prefix}dagsched:hist:{family}`:
+
+| field | holds |
+|---|---|
+| `count`, `ooms` | finished attempts observed; OOM kills observed |
+| `last_oom_s`, `oom_limit` | when the last OOM kill was; the highest memory ratio one hit |
+| `rt1`, `rt2`, `nrt` | the last two runtime ratios (rt2 newest) and how many there are |
+| `ref` | the reference time of the decaying weights (the first sample's time) |
+| `c:{i}`, `m:{i}`, `r:{i}` | weight of bucket i of the CPU use, memory peak and runtime ratios |
+| `ctot`, `mtot`, `rtot` | total weight of each histogram |
+
+The ratios and buckets are computed here with `sim.history`'s functions; one Lua script adds
+them atomically, so replicas of the updater can share a family, and a marker per attempt
+(`histseen:{wf}/{task}:{attempt}`) makes a redelivered event count once. `stats` reads the
+hashes back into `FamilyStats`, so a policy reads the same numbers as in the simulator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import redis.asyncio as aioredis
+
+from dagsched.schemas.messages import TaskFailedMsg, TaskFinishedMsg, TaskSpecMsg
+from dagsched.sim.history import (
+    HALF_LIFE_S,
+    N_BUCKETS,
+    RESCALE_AT,
+    FamilyStats,
+    bucket,
+    measured_ratios,
+)
+
+SEEN_TTL_S = 7 * 24 * 3600
+
+# KEYS: family hash, seen marker.
+# ARGV: kind (done|oom), at, cpu bucket, mem bucket, runtime bucket, runtime ratio,
+#       oom limit ratio, seen ttl, half-life, rescale threshold
+RECORD_LUA = """
+if not redis.call('SET', KEYS[2], '1', 'NX', 'EX', tonumber(ARGV[8])) then return 0 end
+local h = KEYS[1]
+if ARGV[1] == 'oom' then
+  redis.call('HINCRBY', h, 'ooms', 1)
+  redis.call('HSET', h, 'last_oom_s', ARGV[2])
+  local lim = tonumber(redis.call('HGET', h, 'oom_limit') or '0')
+  if tonumber(ARGV[7]) > lim then redis.call('HSET', h, 'oom_limit', ARGV[7]) end
+  return 1
+end
+local at = tonumber(ARGV[2])
+local ref = redis.call('HGET', h, 'ref')
+if ref then ref = tonumber(ref) else
+  redis.call('HSET', h, 'ref', ARGV[2])
+  ref = at
+end
+local w = 2 ^ ((at - ref) / tonumber(ARGV[9]))
+if w > tonumber(ARGV[10]) then
+  local all = redis.call('HGETALL', h)
+  for i = 1, #all, 2 do
+    local f = all[i]
+    if string.match(f, '^[cmr]:') or string.match(f, '^[cmr]tot$') then
+      redis.call('HSET', h, f, tostring(tonumber(all[i + 1]) / w))
+    end
+  end
+  redis.call('HSET', h, 'ref', ARGV[2])
+  w = 1
+end
+local ws = tostring(w)
+redis.call('HINCRBYFLOAT', h, 'c:' .. ARGV[3], ws)
+redis.call('HINCRBYFLOAT', h, 'm:' .. ARGV[4], ws)
+redis.call('HINCRBYFLOAT', h, 'r:' .. ARGV[5], ws)
+redis.call('HINCRBYFLOAT', h, 'ctot', ws)
+redis.call('HINCRBYFLOAT', h, 'mtot', ws)
+redis.call('HINCRBYFLOAT', h, 'rtot', ws)
+redis.call('HINCRBY', h, 'count', 1)
+local n = tonumber(redis.call('HGET', h, 'nrt') or '0')
+if n >= 1 then redis.call('HSET', h, 'rt1', redis.call('HGET', h, 'rt2')) end
+redis.call('HSET', h, 'rt2', ARGV[6], 'nrt', math.min(n + 1, 2))
+return 1
+"""
+
+
+class RedisHistory:
+    """Decaying per-family statistics of measured outcomes, kept in Redis."""
+
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        key: Callable[..., str],
+        speed: dict[str, dict[str, float]],
+    ) -> None:
+        self.redis = redis
+        self.key = key
+        self.speed = speed
+        self._record = redis.register_script(RECORD_LUA)
+
+    async def record(
+        self, msg: TaskFinishedMsg | TaskFailedMsg, spec: TaskSpecMsg, node_kind: str
+    ) -> bool:
+        """Count one attempt's end event; False when it was counted before (or tells
+        nothing: a failure other than an OOM kill)."""
+        family = spec.family or spec.name
+        seen = self.key("histseen", f"{msg.workflow_id}/{msg.task}:{msg.attempt}")
+        args: list[str | int | float]
+        if isinstance(msg, TaskFailedMsg):
+            if msg.reason != "oom":
+                return False
+            args = ["oom", repr(msg.at), 0, 0, 0, 0, repr(msg.peak_mem_gb / spec.mem_gb)]
+        else:
+            m = measured_ratios(
+                spec.duration_s,
+                spec.cpu_cores,
+                spec.mem_gb,
+                self.speed.get(node_kind, {}).get(spec.type, 1.0),
+                msg.runtime_s,
+                msg.cpu_core_s,
+                msg.peak_mem_gb,
+            )
+            args = ["done", repr(msg.at), bucket(m.cpu), bucket(m.mem), bucket(m.runtime),
+                    repr(m.runtime), 0]  # fmt: skip
+        args += [SEEN_TTL_S, repr(HALF_LIFE_S), repr(RESCALE_AT)]
+        return bool(await self._record(keys=[self.key("hist", family), seen], args=args))
+
+    async def stats(self, families: Sequence[str]) -> dict[str, FamilyStats]:
+        """What history knows of each of `families` (absent: never observed)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for f in families:
+            pipe.hgetall(self.key("hist", f))
+        out = {}
+        for f, raw in zip(families, await pipe.execute(), strict=True):
+            if raw:
+                out[f] = _family_stats({k.decode(): v.decode() for k, v in raw.items()})
+        return out
+
+
+def _family_stats(h: dict[str, str]) -> FamilyStats:
+    s = FamilyStats(
+        count=int(h.get("count", 0)),
+        ooms=int(h.get("ooms", 0)),
+        last_oom_s=float(h.get("last_oom_s", "-inf")),
+        oom_limit=float(h.get("oom_limit", 0.0)),
+    )
+    n = int(h.get("nrt", 0))
+    s.last_runtimes = tuple(float(h[k]) for k in ("rt1", "rt2")[2 - n :])
+    ref = float(h["ref"]) if "ref" in h else None
+    for name, hist in (("c", s.cpu), ("m", s.mem), ("r", s.runtime)):
+        hist.ref_s = ref
+        hist.total = float(h.get(f"{name}tot", 0.0))
+        w = np.zeros(N_BUCKETS)
+        prefix = f"{name}:"
+        for k, v in h.items():
+            if k.startswith(prefix):
+                w[int(k[2:])] = float(v)
+        hist.weights = w
+    return s

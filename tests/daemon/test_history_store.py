@@ -1,0 +1,73 @@
+"""The daemon's history in Redis holds the simulator's numbers for the same events."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from dagsched.daemon.redis_state import RedisState
+from dagsched.schemas.messages import NodeHeartbeatMsg, TaskFailedMsg, TaskFinishedMsg
+from dagsched.settings import Settings
+from dagsched.sim.engine import AttemptRecord, Simulator
+from dagsched.sim.runner import generate_workflows, make_policy
+from dagsched.sim.wire import to_message
+
+
+def _event(r: AttemptRecord, node: str) -> TaskFinishedMsg | TaskFailedMsg:
+    """The end event a node agent reports for an attempt: what it measured."""
+    common = {
+        "workflow_id": r.wf_id, "task": r.idx, "attempt": r.attempt, "node": node,
+        "at": r.end_s, "cpu_core_s": r.cpu_core_s, "peak_mem_gb": r.peak_mem_gb,
+        "runtime_s": r.runtime_s, "transfer_s": r.transfer_s,
+    }  # fmt: skip
+    if r.outcome == "done":
+        return TaskFinishedMsg(**common)
+    reason = r.outcome if r.outcome in ("oom", "node_down", "cancelled") else "transient"
+    return TaskFailedMsg(**common, reason=reason)
+
+
+async def test_redis_history_equals_the_simulators_for_the_same_events(
+    rstate: RedisState, settings: Settings
+) -> None:
+    sc = replace(
+        settings.sim,
+        cluster=settings.sim.cluster.scaled(8),
+        workload=replace(settings.sim.workload, workflows=40, size=(4, 20)),
+    )
+    wfs = generate_workflows(sc, 5)
+    sim = Simulator(sc, wfs, seed=5, keep_log=True)
+    sim.run(make_policy("heft", 5))  # declared requests: some tasks are OOM-killed
+    assert sim.log is not None
+    assert any(r.outcome == "oom" for r in sim.log)
+    await rstate.put_workflows([(wf.id, to_message(wf).encode()) for wf in wfs])
+    ids = [f"node-{i:04d}" for i in range(sim.cluster.n)]
+    for i, info in enumerate(sim.cluster.nodes):
+        await rstate.apply_event(
+            NodeHeartbeatMsg(
+                node=ids[i],
+                at=0.0,
+                kind=info.kind,
+                zone=info.zone,
+                cores=info.cores,
+                mem_gb=info.mem_gb,
+            )
+        )
+    for r in sim.log:
+        await rstate.apply_event(_event(r, ids[r.node]))
+    again = _event(sim.log[-1], ids[sim.log[-1].node])
+    await rstate.apply_event(again)  # a redelivery counts once
+
+    families = sorted(sim.history.families)
+    stored = await rstate.history.stats(families)
+    assert set(stored) == set(families)
+    for f in families:
+        want, got = sim.history.families[f], stored[f]
+        assert (got.count, got.ooms) == (want.count, want.ooms), f
+        assert got.oom_limit == pytest.approx(want.oom_limit)
+        assert got.last_runtimes == pytest.approx(want.last_runtimes)
+        for name in ("cpu", "mem", "runtime"):
+            a, b = getattr(want, name), getattr(got, name)
+            assert b.total == pytest.approx(a.total)
+            for q in (0.1, 0.5, 0.9):
+                assert b.percentile(q) == a.percentile(q), (f, name, q)
