@@ -7,9 +7,9 @@ and the attempt's events (`dagsched.events`: started, finished or failed; heartb
 cores and memory). The reward is `sim.reward.decision_reward` on a `TaskOutcome` built the
 way the simulator builds it: cost in dominant-share core-seconds, the measured transfer and
 compute seconds the end event carries; the Jain index at decision time (with the decision's
-own reservation) comes from the logged observation. The completion term needs the global
-order of decisions and is not joined yet (0). An attempt with no outcome after `timeout_s`
-gets the default outcome: failed, cost at demand.
+own reservation) comes from the logged observation; the completion term from the stream's
+arrivals, ready instants and workflow ends (`learner.completion`). An attempt with no
+outcome after `timeout_s` gets the default outcome: failed, cost at demand.
 
 `finetune_heads` is PPO on the actor heads only (`ActorCritic.actor_parameters`): every other
 parameter has `requires_grad=False` and is bitwise unchanged. Importance ratios are against the
@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from dagsched.learner.completion import TimeInSystem
 from dagsched.learner.ppo_math import ppo_loss
 from dagsched.policy.batching import collate
 from dagsched.policy.features import NODE_FEATURES, Observation, observation_from_dict
@@ -40,6 +41,7 @@ from dagsched.schemas.messages import (
     NodeHeartbeatMsg,
     TaskFailedMsg,
     TaskFinishedMsg,
+    TaskReadyMsg,
     TaskStartedMsg,
     WorkflowMsg,
 )
@@ -107,6 +109,7 @@ class OutcomeJoiner:
     pending: dict[Key, _Pending] = field(default_factory=dict)
     last_node: dict[str, str] = field(default_factory=dict)
     waiting: dict[str, set[Key]] = field(default_factory=dict)  # workflow id -> keys
+    time_in_system: TimeInSystem = field(default_factory=TimeInSystem)
 
     def add(self, msg: Any, now: float) -> list[Joined]:
         """Take one decoded message (seen at wall time `now`); return what it completes."""
@@ -114,6 +117,7 @@ class OutcomeJoiner:
             wf = to_workflow(msg, self.max_dag_tasks)
             finish = downward_finish_s(wf)
             self.workflows[wf.id] = _WorkflowInfo(wf, finish, max(finish) or 1.0)
+            self.time_in_system.workflow(wf.id, wf.arrival_s, wf.deadline_s, wf.size)
             # topics interleave: decisions and events may have come before their workflow
             out: list[Joined] = []
             for key in self.waiting.pop(wf.id, set()):
@@ -124,6 +128,10 @@ class OutcomeJoiner:
         if isinstance(msg, NodeHeartbeatMsg):
             self.cores[msg.node] = msg.cores
             self.mem_gb[msg.node] = msg.mem_gb
+            return []
+        if isinstance(msg, TaskReadyMsg):
+            if msg.at is not None:
+                self.time_in_system.ready((f"{msg.workflow_id}/{msg.task}", msg.attempt), msg.at)
             return []
         if not isinstance(
             msg, DecisionMsg | DecisionLogMsg | TaskStartedMsg | TaskFinishedMsg | TaskFailedMsg
@@ -141,7 +149,20 @@ class OutcomeJoiner:
             p.started_at = msg.at
         else:
             p.ended = p.ended or msg
+            self._track_end(msg, p)
         return self._try(key, p, now)
+
+    def _track_end(self, msg: TaskFinishedMsg | TaskFailedMsg, p: _Pending) -> None:
+        """Workflows leave the system with their last task, or a task out of retries."""
+        tis = self.time_in_system
+        if isinstance(msg, TaskFinishedMsg):
+            tis.finished(msg.workflow_id, msg.task, msg.at)
+        elif (
+            msg.reason != "cancelled"
+            and p.decision is not None
+            and msg.attempt >= p.decision.max_retries
+        ):
+            tis.failed(msg.workflow_id, msg.at)
 
     def expire(self, now: float) -> list[Joined]:
         """Default outcomes for decided attempts that have not reported for `timeout_s`."""
@@ -222,6 +243,7 @@ class OutcomeJoiner:
             migrated=prev is not None and prev != d.node,
             transfer_s=transfer,
             compute_s=compute,
+            completion_wf_s=self.time_in_system.credit(key),
         )
         log = p.log
         return Joined(

@@ -131,6 +131,9 @@ class Simulator:
         self.history = History()  # what has been measured: policies may read it
         self._credited_wf_s = 0.0  # workflow-seconds handed to decisions so far
         self._charged_wf_s = 0.0  # failed workflows' remaining time, for the next decision
+        self._instant_s = -1.0  # the latest instant with decisions ...
+        self._instant: list[TaskRun] = []  # ... its decisions so far ...
+        self._pool = 0.0  # ... and the workflow-seconds they share
         self.now = 0.0
         self.on_outcome = on_outcome
         self.log: list[AttemptRecord] | None = [] if keep_log else None
@@ -334,12 +337,26 @@ class Simulator:
     # -- the completion term --------------------------------------------------------------------
 
     def _credit(self, t: TaskRun) -> None:
-        """A decision now: it carries the time workflows spent in the system since the
-        previous decision, plus the charges of workflows that failed meanwhile. (A task
+        """A decision now. The decisions of one instant share, equally, the time workflows
+        spent in the system since the previous instant with decisions, plus the charges of
+        workflows that failed meanwhile; equal shares make it independent of the order the
+        batch is placed in, so the online learner can rebuild it from events. (A task
         requeued before it started keeps its earlier decision's share: they add up.)"""
-        now_wf_s = self.metrics.wf_seconds(self.now)
-        t.credit += now_wf_s - self._credited_wf_s + self._charged_wf_s
-        self._credited_wf_s, self._charged_wf_s = now_wf_s, 0.0
+        if self.now != self._instant_s:
+            self._settle()
+            self._instant_s = self.now
+            now_wf_s = self.metrics.wf_seconds(self.now)
+            self._pool = now_wf_s - self._credited_wf_s + self._charged_wf_s
+            self._credited_wf_s, self._charged_wf_s = now_wf_s, 0.0
+        self._instant.append(t)
+
+    def _settle(self) -> None:
+        """Hand the current instant's pool to its decisions."""
+        if self._instant:
+            share = self._pool / len(self._instant)
+            for t in self._instant:
+                t.credit += share
+            self._instant, self._pool = [], 0.0
 
     def _est_core_s(self, t: TaskRun) -> float:
         return t.res_cores * t.spec.duration_s / self.cluster.speed_rows[t.node][t.spec.type]
@@ -488,7 +505,9 @@ class Simulator:
         return used, peak, computed
 
     def _outcome(self, t: TaskRun, failed: bool) -> None:
-        """The attempt's reward terms; emitted once its completion credit is known too."""
+        """The attempt's reward, emitted to `on_outcome`."""
+        if self._instant:
+            self._settle()
         run, c, node, now = t.run, self.cluster, t.node, self.now
         late = 0.0 if failed else max(0.0, now - run.sub_deadline_s(t.idx))
         cores, spec = c.cores_list[node], t.spec
