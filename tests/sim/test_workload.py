@@ -7,6 +7,7 @@ import pytest
 from dagsched.sim.config import ClusterConfig, NodeGroup, WorkloadConfig
 from dagsched.sim.workflow import TaskType, Workflow, critical_path_s
 from dagsched.sim.workload import (
+    RESERVATION_OVERHEAD,
     WorkloadGenerator,
     arrival_rate,
     offered_node_s,
@@ -159,16 +160,17 @@ def test_offered_load_is_work_at_the_fastest_kind_with_expected_real_use():
         )
     )
     exact = TruthConfig(exact=True)
+    k = RESERVATION_OVERHEAD
     cpu_task = Workflow.build("a", [TaskSpec("t", TaskType.CPU, 100.0, 1.0, 1.0)], [])
-    assert offered_node_s(two, [cpu_task], exact)[0] == pytest.approx(0.2 * 100.0 / 1.5)
+    assert offered_node_s(two, [cpu_task], exact)[0] == pytest.approx(k * 0.2 * 100.0 / 1.5)
     gpu_task = Workflow.build("b", [TaskSpec("t", TaskType.GPU, 100.0, 1.0, 1.0)], [])
-    assert offered_node_s(two, [gpu_task], exact)[0] == pytest.approx(0.2 * 100.0 / 4.0)
+    assert offered_node_s(two, [gpu_task], exact)[0] == pytest.approx(k * 0.2 * 100.0 / 4.0)
     # 50 GB of 100: memory-bound. Expected peak ratio 0.7 x exp((0.2^2 + 0.13^2) / 2) and
     # runtime ratio exp((0.4^2 + 0.27^2) / 2), from the documented default spreads.
     big = Workflow.build("c", [TaskSpec("t", TaskType.CPU, 100.0, 1.0, 50.0)], [])
     mem_mean, rt_mean = 0.7 * math.exp(0.02845), math.exp(0.11645)
     assert offered_node_s(two, [big], TruthConfig())[0] == pytest.approx(
-        0.5 * mem_mean * 100.0 * rt_mean / 1.5, rel=1e-4
+        k * 0.5 * mem_mean * 100.0 * rt_mean / 1.5, rel=1e-4
     )
 
 
