@@ -147,3 +147,40 @@ def test_load_means_the_share_heft_history_keeps_reserved() -> None:
 def test_families_per_type_is_a_setting() -> None:
     with pytest.raises(ValueError, match="families_per_type"):
         WorkloadConfig(families_per_type=0)
+
+
+def test_wfformat_tasks_recur_by_name_without_their_number() -> None:
+    from dagsched.sim.wfformat import parse_wfformat
+
+    def task(name: str, parents: list[str]) -> dict[str, object]:
+        return {"name": name, "id": name, "type": "compute", "runtimeInSeconds": 2.0,
+                "parents": parents, "children": []}  # fmt: skip
+
+    doc = {
+        "name": "w",
+        "schemaVersion": "1.4",
+        "workflow": {
+            "tasks": [
+                task("mProject_00000001", []),
+                task("mProject_00000002", []),
+                task("mAdd_ID0003", ["mProject_00000001", "mProject_00000002"]),
+            ]
+        },
+    }
+    wf = parse_wfformat(doc, "w.json")
+    assert [t.family for t in wf.tasks] == ["mProject", "mProject", "mAdd"]
+
+
+def test_the_wire_carries_the_family_and_defaults_it_to_the_name() -> None:
+    from dagsched.schemas.messages import TaskSpecMsg, WorkflowMsg
+    from dagsched.sim.wire import to_message, to_workflow
+
+    wf = generate_workflows(small_scenario(workflows=2), 1)[0]
+    back = to_workflow(to_message(wf), 100)
+    assert [t.family for t in back.tasks] == [t.family for t in wf.tasks]
+    bare = WorkflowMsg(
+        workflow_id="x",
+        tasks=[TaskSpecMsg(name="etl-7", type="cpu", duration_s=1, cpu_cores=1, mem_gb=1)],
+        deadline_s=10,
+    )
+    assert to_workflow(bare, 10).tasks[0].family == "etl-7"
