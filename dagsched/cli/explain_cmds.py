@@ -159,7 +159,8 @@ def _explain_one(
         _say_fallback(what, task_key, k, decision, log, as_json, png)
         return
 
-    from dagsched.policy.explain import CORE_TARGETS, ExplainError, write_heatmap
+    from dagsched.cli.explain_charts import write_heatmap
+    from dagsched.policy.explain import CORE_TARGETS, ExplainError
     from dagsched.policy.features import observation_from_dict
 
     try:

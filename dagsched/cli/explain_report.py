@@ -54,7 +54,8 @@ def write_report(
     sources: dict[str, str],
     top: int,
 ) -> dict[str, Any]:
-    from dagsched.policy.explain import BASELINE, METHOD, TOLERANCE_ABS, TOLERANCE_REL, write_bars
+    from dagsched.cli.explain_charts import write_bars
+    from dagsched.policy.explain import BASELINE, METHOD, TOLERANCE_ABS, TOLERANCE_REL
 
     lines = ["# Why the scheduler decides what it decides", ""]
     span = ""
