@@ -1,19 +1,17 @@
 """Charts of `dagsched explain`: the per-decision heatmap and the per-version feature bars.
 
 Drawing only (matplotlib's object API on an Agg canvas, no pyplot state); the attributions
-come from `dagsched.policy.explain`.
+come from `dagsched.policy.explain`, the types from `dagsched.policy.explanation`.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from dagsched.policy.explanation import Explanation
 from dagsched.policy.features import CLUSTER_FEATURES, DAG_FEATURES, NODE_FEATURES
-
-if TYPE_CHECKING:  # torch and captum load only when a decision is explained
-    from dagsched.policy.explain import Explanation
 
 
 def write_heatmap(path: Any, ex: Explanation, title: str = "") -> None:
