@@ -26,7 +26,8 @@ from rich.console import Console
 from rich.table import Table
 
 from dagsched.policy.bundle import load_bundle
-from dagsched.policy.explain import CORE_TARGETS, DEFAULT_STEPS, explain_observation
+from dagsched.policy.explain import explain_observation
+from dagsched.policy.explanation import CORE_TARGETS, DEFAULT_STEPS
 from dagsched.policy.features import Observation, observe
 from dagsched.sim.config import ScenarioConfig
 from dagsched.sim.engine import Simulator

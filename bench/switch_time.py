@@ -39,6 +39,9 @@ decisions (a byte-identical re-emit of the stored decision counts as a re-emit, 
 deciding twice); every decision names a version allowed at its `decided_at`: the old one
 before t0, the new one once its replica swapped, either in between; every replay completes.
 
+The stack, the replica processes, the topic reader and the traffic process are the shared
+bench harness (bench/harness/); this file holds the experiment, its analysis and its tables.
+
 Experiments (written to their own JSON files): `--early-notice` also publishes the notice
 right after the alias write (the order proposed for `Promoter`); `--torch-threads N` sets
 OMP_NUM_THREADS for the replicas.
@@ -56,59 +59,25 @@ import datetime as dt
 import json
 import os
 import platform
-import re
-import shutil
-import signal
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
-import uuid
 from collections import defaultdict
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.replicas import Replica, start_replica, stop_replica, wait_until
+from harness.stack import REPO, git_state, local_stack
+from harness.traffic import Traffic
+from harness.watch import Decision, Watch
 from rich.console import Console
 from rich.table import Table
 
-from dagsched.daemon.redis_server import RedisServer
-from dagsched.settings import Settings, load_settings
+from dagsched.settings import Settings
 
-REPO = Path(__file__).resolve().parents[1]
 TARGET_S = 1.0
 SWITCH_TIMEOUT_S = 20.0
 MISSED_NOTICE_S = 2.0  # a load this long after the notice came from the poll
 DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
-
-
-# -- services -------------------------------------------------------------------------------
-
-
-def redis_answers(url: str) -> bool:
-    import redis
-
-    client = redis.Redis.from_url(url, socket_connect_timeout=0.5, socket_timeout=0.5)
-    try:
-        return bool(client.ping())
-    except redis.RedisError:
-        return False
-    finally:
-        client.close()
-
-
-def drop_redis_keys(url: str, prefix: str) -> int:
-    import redis
-
-    client = redis.Redis.from_url(url)
-    try:
-        keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
-        for i in range(0, len(keys), 500):
-            client.delete(*keys[i : i + 500])
-        return len(keys)
-    finally:
-        client.close()
 
 
 # -- registry -------------------------------------------------------------------------------
@@ -159,380 +128,24 @@ def setup_registry(settings: Settings) -> tuple[Any, str, str]:
     return reg, v1, v2
 
 
-# -- daemon replicas (processes) ------------------------------------------------------------
-
-_PARTITION = re.compile(r"topic='([^']*)', partition=(\d+)")
-
-
-def _ts(text: str) -> float:
-    return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-
-
-@dataclass
-class Replica:
-    """One `dagsched daemon` process and what its log lines said."""
-
-    index: int
-    proc: asyncio.subprocess.Process
-    log_path: Path
-    tasks_topic: str
-    assignments: list[tuple[float, frozenset[int]]] = field(default_factory=list)
-    swaps: list[tuple[float, str | None, str | None]] = field(default_factory=list)
-    loads: list[tuple[float, str]] = field(default_factory=list)
-    notices: list[float] = field(default_factory=list)
-    problems: list[dict[str, Any]] = field(default_factory=list)
-    started: asyncio.Event = field(default_factory=asyncio.Event)
-    reader: asyncio.Task[None] | None = None
-
-    @property
-    def serving(self) -> str | None:
-        return self.swaps[-1][2] if self.swaps else None
-
-    @property
-    def partitions(self) -> frozenset[int]:
-        return self.assignments[-1][1] if self.assignments else frozenset()
-
-    def owner_at(self, t: float) -> frozenset[int]:
-        """The tasks partitions this replica held at time `t`."""
-        held: frozenset[int] = frozenset()
-        for at, parts in self.assignments:
-            if at <= t:
-                held = parts
-        return held
-
-    async def read(self) -> None:
-        assert self.proc.stderr is not None
-        with self.log_path.open("ab") as out:
-            async for line in self.proc.stderr:
-                out.write(line)
-                try:
-                    ev = json.loads(line)
-                    t = _ts(ev["timestamp"])
-                except (ValueError, KeyError, TypeError):
-                    continue
-                self.on_event(ev, t)
-
-    def on_event(self, ev: dict[str, Any], t: float) -> None:
-        name = ev.get("event")
-        if name == "partitions.assigned":
-            parts = frozenset(
-                int(p)
-                for s in ev.get("partitions", [])
-                for topic, p in _PARTITION.findall(s)
-                if topic == self.tasks_topic
-            )
-            self.assignments.append((t, parts))
-        elif name == "partitions.revoked":
-            self.assignments.append((t, frozenset()))
-        elif name == "model.swapped" and ev.get("arm") == "champion":
-            self.swaps.append((t, ev.get("old"), ev.get("new")))
-        elif name == "model.loaded" and ev.get("arm") == "champion":
-            self.loads.append((t, str(ev.get("version"))))
-        elif name == "model.notice":
-            self.notices.append(t)
-        elif name == "daemon.started":
-            self.started.set()
-        elif ev.get("level") in ("warning", "error", "critical"):
-            self.problems.append({"at": t, "event": name, "level": ev.get("level")})
-
-
-def replica_env(index: int, settings: Settings, torch_threads: int | None) -> dict[str, str]:
-    """Each replica has its own home (own bundle cache, as on its own host) and reads the
-    bench's MLflow store."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DAGSCHED_")}
-    if torch_threads is not None:
-        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(torch_threads)
-    env.update(
-        {
-            "DAGSCHED_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
-            "DAGSCHED_REDIS_URL": settings.redis_url,
-            "DAGSCHED_TOPIC_PREFIX": settings.topic_prefix,
-            "DAGSCHED_HOME": str(settings.home / f"replica-{index}"),
-            "DAGSCHED_MLFLOW_TRACKING_URI": f"sqlite:///{settings.home / 'mlflow.db'}",
-            "DAGSCHED_LOG_LEVEL": "INFO",
-            "DAGSCHED_LOG_JSON": "true",
-            "MLFLOW_DISABLE_TELEMETRY": "true",
-            "PYTHONUNBUFFERED": "1",
-        }
-    )
-    return env
-
-
-async def start_replica(
-    index: int, settings: Settings, logs: Path, torch_threads: int | None
-) -> Replica:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "dagsched.cli.main",
-        "daemon",
-        "--metrics-port",
-        "0",
-        cwd=str(REPO),
-        env=replica_env(index, settings, torch_threads),
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
-        limit=1 << 22,
-    )
-    r = Replica(index, proc, logs / f"daemon-{index}.log", settings.topic("tasks"))
-    r.reader = asyncio.create_task(r.read())
-    return r
-
-
-async def stop_replica(r: Replica, timeout: float = 30.0) -> int | None:
-    if r.proc.returncode is None:
-        with contextlib.suppress(ProcessLookupError):
-            r.proc.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(r.proc.wait(), timeout)
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                r.proc.kill()
-            await r.proc.wait()
-    if r.reader is not None:
-        with contextlib.suppress(BaseException):
-            await asyncio.wait_for(r.reader, 5)
-    return r.proc.returncode
-
-
-async def wait_until(cond: Any, timeout: float, what: str, replicas: list[Replica]) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        for r in replicas:
-            if r.proc.returncode is not None:
-                raise RuntimeError(f"daemon {r.index} exited ({r.proc.returncode}): {r.log_path}")
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}")
-        await asyncio.sleep(0.02)  # log lines arrive on the reader tasks
-
-
-# -- the topics, read from the beginning ----------------------------------------------------
-
-
-@dataclass
-class Decision:
-    raw: bytes
-    partition: int
-    version: str
-    arm: str
-    decided_at: float
-
-
-class Watch:
-    """Reads `tasks` (to know what was asked) and `decisions` from the start."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.s = settings
-        self.asked: set[tuple[str, int, int]] = set()
-        self.ready_msgs = 0
-        self.wf_partition: dict[str, int] = {}
-        self.decisions: dict[tuple[str, int, int], list[Decision]] = defaultdict(list)
-        self.records = 0
-        self.undecodable = 0
-        self.consumer: Any = None
-
-    async def start(self) -> None:
-        from aiokafka import AIOKafkaConsumer, TopicPartition
-
-        c = AIOKafkaConsumer(
-            bootstrap_servers=self.s.kafka_bootstrap,
-            enable_auto_commit=False,
-            fetch_max_wait_ms=5,
-            auto_offset_reset="earliest",
-        )
-        await c.start()
-        parts = range(self.s.topics.partitions)
-        tps = [TopicPartition(self.s.topic(n), p) for n in ("tasks", "decisions") for p in parts]
-        c.assign(tps)
-        await c.seek_to_beginning(*tps)
-        self.consumer = c
-        self.tps = tps
-
-    async def pump(self) -> None:
-        while True:
-            await self.poll(100)
-
-    async def poll(self, timeout_ms: int) -> int:
-        from dagsched.schemas.messages import BadMessage, DecisionMsg, TaskReadyMsg, WorkflowMsg
-        from dagsched.schemas.messages import decode as decode_msg
-
-        got = await self.consumer.getmany(timeout_ms=timeout_ms, max_records=5000)
-        n = 0
-        decisions_topic = self.s.topic("decisions")
-        for tp, recs in got.items():
-            for r in recs:
-                n += 1
-                try:
-                    m = decode_msg(r.value)
-                except BadMessage:
-                    self.undecodable += 1
-                    continue
-                if tp.topic == decisions_topic and isinstance(m, DecisionMsg):
-                    self.records += 1
-                    self.decisions[(m.workflow_id, m.task, m.attempt)].append(
-                        Decision(r.value, tp.partition, m.model_version, m.arm, m.decided_at)
-                    )
-                elif isinstance(m, TaskReadyMsg):
-                    self.ready_msgs += 1
-                    self.asked.add((m.workflow_id, m.task, m.attempt))
-                elif isinstance(m, WorkflowMsg):
-                    self.wf_partition[m.workflow_id] = tp.partition
-        return n
-
-    async def drain(self) -> None:
-        """Read until the end offsets seen now."""
-        ends = await self.consumer.end_offsets(self.tps)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            positions = [await self.consumer.position(tp) for tp in self.tps]
-            if all(p >= ends[tp] for p, tp in zip(positions, self.tps, strict=True)):
-                return
-            await self.poll(100)
-
-    async def close(self) -> None:
-        if self.consumer is not None:
-            await self.consumer.stop()
-
-
-# -- traffic --------------------------------------------------------------------------------
-
-
-async def traffic(
-    settings: Settings, workflows: int, until: asyncio.Event, out: list[dict[str, Any]]
-) -> None:
-    """Back-to-back replays until `until` is set (the running one always finishes)."""
-    from dagsched.daemon.replay import ReplayConfig, ReplayError, replay
-
-    seed = 0
-    while True:
-        t = time.time()
-        try:
-            r = await replay(settings, ReplayConfig(workflows=workflows, seed=seed))
-        except ReplayError as exc:
-            out.append({"seed": seed, "started": t, "error": str(exc)})
-            return
-        keep = (
-            "workflows_failed",
-            "tasks_sent",
-            "decisions_received",
-            "duplicates",
-            "rejected",
-            "dead_letters",
-            "wall_s",
-        )
-        out.append(
-            {
-                "seed": seed,
-                "started": t,
-                "ended": time.time(),
-                "workflows_ended": r.get("workflows"),
-                **{k: r.get(k) for k in keep},
-            }
-        )
-        seed += 1
-        if until.is_set():
-            return
-
-
-def traffic_worker(args: argparse.Namespace) -> None:
-    """`--traffic-worker`: replays until SIGTERM, then one JSON list of results on stdout."""
-    s = load_settings(
-        None,
-        {"kafka_bootstrap": args.bootstrap, "redis_url": args.redis_url,
-         "topic_prefix": args.prefix, "home": args.home, "log_level": "WARNING"},
-        environ={},
-    )  # fmt: skip
-
-    async def main() -> list[dict[str, Any]]:
-        until = asyncio.Event()
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, until.set)
-        out: list[dict[str, Any]] = []
-        await traffic(s, args.workflows, until, out)
-        return out
-
-    print(json.dumps(asyncio.run(main())))
-
-
-class Traffic:
-    """The replays in their own process, so they do not share a GIL with the promotion."""
-
-    def __init__(self, settings: Settings, workflows: int) -> None:
-        self.s = settings
-        self.workflows = workflows
-        self.proc: asyncio.subprocess.Process | None = None
-        self.results: list[dict[str, Any]] = []
-
-    async def start(self) -> None:
-        s = self.s
-        log = (s.home / "traffic.log").open("ab")
-        self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, __file__, "--traffic-worker", "--bootstrap", s.kafka_bootstrap,
-            "--redis-url", s.redis_url, "--prefix", s.topic_prefix, "--home", str(s.home),
-            "--workflows", str(self.workflows),
-            cwd=str(REPO), stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=log, env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"},
-        )  # fmt: skip
-        log.close()
-
-    @property
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.returncode is None
-
-    async def finish(self, timeout: float = 120.0) -> list[dict[str, Any]]:
-        """Let the replay in flight finish, then collect every result."""
-        if self.proc is None:
-            return []
-        if self.proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.send_signal(signal.SIGTERM)
-        try:
-            out, _ = await asyncio.wait_for(self.proc.communicate(), timeout)
-        except TimeoutError:
-            self.proc.kill()
-            await self.proc.wait()
-            return [{"error": f"the traffic process did not finish within {timeout:g} s"}]
-        try:
-            self.results = json.loads(out.decode().strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            self.results = [{"error": f"the traffic process exited {self.proc.returncode}"}]
-        return self.results
-
-
 # -- the run --------------------------------------------------------------------------------
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    from dagsched.daemon.broker import embedded_broker
+    """Set up the stack, the registry and the replicas; switch under traffic; analyse."""
     from dagsched.registry.promotion import Promoter, redis_notifier
     from dagsched.registry.serving import model_channel
 
     console = Console(stderr=True)
-    home = Path(tempfile.mkdtemp(prefix="dagsched-switch-"))
-    prefix = f"bench-switch-{uuid.uuid4().hex[:8]}."
-    redis_url, redis_proc = args.redis_url, None
-    if not redis_answers(redis_url):
-        redis_proc = RedisServer().start()
-        redis_url = redis_proc.url
-    settings = load_settings(
-        None,
-        {
-            "home": str(home),
-            "topic_prefix": prefix,
-            "redis_url": redis_url,
-            "log_level": "WARNING",
-            "daemon.metrics_port": 0,
-        },
-        environ={},
-    )
     replicas: list[Replica] = []
     watch: Watch | None = None
     flow: Traffic | None = None
     wall0, load0 = time.monotonic(), os.getloadavg()[0]
-    try:
-        async with embedded_broker(settings) as broker:
-            s = settings.model_copy(update={"kafka_bootstrap": broker.bootstrap})
-            console.log(f"broker {broker.bootstrap}, redis {redis_url}, home {home}")
+    async with local_stack(
+        args.redis_url, name="switch", keep_home=args.keep_home, say=console.log
+    ) as stack:
+        s, home, redis_url = stack.settings, stack.home, stack.redis_url
+        try:
             reg, v1, v2 = await asyncio.to_thread(setup_registry, s)
             console.log(f"registry: champion v{v1} (shipped), v{v2} (perturbed)")
             watch = Watch(s)
@@ -631,26 +244,20 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             codes = [await stop_replica(r) for r in replicas]
             doc = analyse(args, s, replicas, watch, switches, replays, (v1, v2))
             doc["setup"]["daemon_exit_codes"] = codes
-            doc["setup"]["redis"] = "private redis-server" if redis_proc else "settings.redis_url"
+            doc["setup"]["redis"] = (
+                "private redis-server" if stack.private_redis else "settings.redis_url"
+            )
             doc["wall_s"] = round(time.monotonic() - wall0, 1)
             doc["setup"]["load_avg_1m_start"] = load0
             return doc
-    finally:
-        if flow is not None and flow.proc is not None and flow.running:
-            flow.proc.kill()
-            await flow.proc.wait()
-        for r in replicas:
-            await stop_replica(r)
-        if watch is not None:
-            await watch.close()
-        with contextlib.suppress(Exception):
-            drop_redis_keys(redis_url, prefix)
-        if redis_proc is not None:
-            redis_proc.stop()
-        if args.keep_home:
-            console.log(f"kept {home}")
-        else:
-            shutil.rmtree(home, ignore_errors=True)
+        finally:
+            if flow is not None and flow.proc is not None and flow.running:
+                flow.proc.kill()
+                await flow.proc.wait()
+            for r in replicas:
+                await stop_replica(r)
+            if watch is not None:
+                await watch.close()
 
 
 # -- analysis -------------------------------------------------------------------------------
@@ -670,6 +277,7 @@ def analyse(
     replays: list[dict[str, Any]],
     versions: tuple[str, str],
 ) -> dict[str, Any]:
+    """The JSON document: per-switch times, the integrity checks, and the setup measured."""
     inf = float("inf")
 
     def owner(key: tuple[str, int, int], d: Decision) -> int | None:
@@ -850,22 +458,6 @@ def analyse(
     }
 
 
-def git_state() -> dict[str, Any]:
-    """The commit measured and the files that differed from it (a dirty tree is measured as is)."""
-
-    def git(*argv: str) -> str:
-        try:
-            done = subprocess.run(["git", *argv], cwd=REPO, capture_output=True, text=True)
-        except OSError:
-            return ""
-        return done.stdout.rstrip()
-
-    return {
-        "commit": git("rev-parse", "HEAD").strip(),
-        "modified": [ln[3:] for ln in git("status", "--porcelain").splitlines() if ln[:2] != "??"],
-    }
-
-
 def _via(notice: float | None, loaded: float | None) -> str | None:
     """What made the replica load: the Redis notice, or its poll (a late load after a notice
     means the notice did not wake the check)."""
@@ -889,6 +481,7 @@ def _ms(x: float | None) -> str:
 
 
 def show(doc: dict[str, Any]) -> None:
+    """Print the per-switch table and the summary table."""
     console = Console()
     n = doc["setup"]["daemons"]
     table = Table(
@@ -959,6 +552,7 @@ def show(doc: dict[str, Any]) -> None:
 
 
 def main() -> None:
+    """Parse the options, run the benchmark, print its tables and write its JSON."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--switches", type=int, default=8)
     ap.add_argument("--daemons", type=int, default=2)
@@ -979,18 +573,11 @@ def main() -> None:
     )
     ap.add_argument("--keep-home", action="store_true", help="keep the temporary home and logs")
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results")
-    ap.add_argument("--traffic-worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--bootstrap", help=argparse.SUPPRESS)
-    ap.add_argument("--prefix", help=argparse.SUPPRESS)
-    ap.add_argument("--home", help=argparse.SUPPRESS)
     args = ap.parse_args()
     os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"
     from dagsched.logging import configure_logging
 
-    configure_logging("WARNING", json=False)  # stderr: stdout is the traffic worker's result
-    if args.traffic_worker:
-        traffic_worker(args)
-        return
+    configure_logging("WARNING", json=False)
     doc = asyncio.run(run(args))
     show(doc)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -4,31 +4,28 @@ Reads the decision and its decision log (observation, action) that the daemon st
 reloads the model version that made it (registry, or `--model-dir` bundle), and attributes its
 outputs to named features with Captum's Integrated Gradients (`dagsched.policy.explain`).
 Runs offline, on demand: never on the daemon's hot path.
+
+This module holds the command and the one-decision flow (`--task-id`); its table is drawn by
+`explain_table`, `--sample` runs in `explain_sample`, inputs come from `explain_sources`.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 import time
-from collections import defaultdict
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
 
-from dagsched.cli.console import progress_bar, stderr_is_tty
-from dagsched.cli.explain_report import SUMMARY_TARGETS, write_report
-from dagsched.cli.explain_sources import DecisionStore, ExplainFailed, Models
+from dagsched.cli.explain_sample import explain_sample
+from dagsched.cli.explain_sources import DecisionStore, ExplainFailed, Models, one_thread
+from dagsched.cli.explain_table import print_table
 from dagsched.cli.state import state
-from dagsched.registry.errors import RegistryError
 from dagsched.schemas.messages import DecisionLogMsg
 
 if TYPE_CHECKING:
-    from dagsched.policy.explain import Explanation
-    from dagsched.policy.scheduler import GNNScheduler
+    from dagsched.policy.explanation import Explanation
 
 TASK_ID_HELP = (
     "The task to explain, as WORKFLOW_ID/TASK_INDEX (the decision's workflow_id and task "
@@ -90,22 +87,7 @@ def explain_cmd(
         _explain_one(store, models, task_id, attempt, as_json, png, top, steps)
     else:
         assert sample is not None and out is not None
-        _explain_sample(store, models, sample, out, as_json, top, steps)
-
-
-@contextmanager
-def one_thread() -> Iterator[None]:
-    """One torch intra-op thread while explaining: the batches are small, and on a shared
-    2-core machine one thread measured 2-5x faster than two (bench/explain_speed.py); it also
-    leaves the other cores to a daemon on the same host."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
+        explain_sample(store, models, sample, out, as_json, top, steps)
 
 
 def parse_task_id(task_id: str) -> str:
@@ -159,7 +141,9 @@ def _explain_one(
         _say_fallback(what, task_key, k, decision, log, as_json, png)
         return
 
-    from dagsched.policy.explain import CORE_TARGETS, ExplainError, write_heatmap
+    from dagsched.cli.explain_charts import write_heatmap
+    from dagsched.policy.explain import explain_observation
+    from dagsched.policy.explanation import CORE_TARGETS, ExplainError
     from dagsched.policy.features import observation_from_dict
 
     try:
@@ -172,7 +156,15 @@ def _explain_one(
         sched = models.get(log.model_version)
         t0 = time.perf_counter()
         try:
-            ex = _explain(sched, obs, log.node_index, targets, steps, ids)
+            ex = explain_observation(
+                sched.model,
+                sched.normalizer,
+                obs,
+                log.node_index,
+                targets=targets,
+                n_steps=steps,
+                node_ids=ids,
+            )
         except ExplainError as exc:
             raise ExplainFailed(f"{what}: {exc}") from None
     ex.meta = {
@@ -194,22 +186,7 @@ def _explain_one(
             d["png"] = str(png)
         typer.echo(json.dumps(d))
     else:
-        _print_table(ex, top, png)
-
-
-def _explain(
-    sched: GNNScheduler,
-    obs: Any,
-    chosen: int,
-    targets: Sequence[str],
-    steps: int,
-    ids: list[str] | None,
-) -> Explanation:
-    from dagsched.policy.explain import explain_observation
-
-    return explain_observation(
-        sched.model, sched.normalizer, obs, chosen, targets=targets, n_steps=steps, node_ids=ids
-    )
+        print_table(ex, top, png)
 
 
 def _node_ids(
@@ -276,193 +253,3 @@ def _say_fallback(
         )
     else:
         typer.echo(msg)
-
-
-# -- terminal output -------------------------------------------------------------------------------
-
-
-def _console() -> Any:
-    from rich.console import Console
-
-    return Console(width=None if sys.stdout.isatty() else 120)
-
-
-def _fmt(x: float) -> str:
-    if x == 0:
-        return "0"
-    if abs(x) >= 1000 or abs(x) < 1e-3:
-        return f"{x:.3g}"
-    return f"{x:.4f}".rstrip("0").rstrip(".")
-
-
-def _signed(x: float) -> str:
-    return ("+" if x > 0 else "") + _fmt(x)
-
-
-def _print_table(ex: Explanation, top: int, png: Path | None) -> None:
-    from rich.table import Table
-
-    from dagsched.policy.explain import BASELINE, METHOD, TARGETS
-
-    con = _console()
-    m = ex.meta
-    probs = ex.probabilities
-    c, r = ex.chosen, ex.runner_up
-    vals = ex.values
-    con.print(
-        f"[bold]{m['task_id']} attempt {m['attempt']}[/]: model {m['model_version']} "
-        f"({m['arm']}) placed it on [bold]{ex.node_name(c)}[/] (index {c}, p={probs[c]:.2f}), "
-        f"cpu {vals[0]:.2f}, mem {vals[1]:.2f}, retries {vals[2]:.2f} (Beta means)"
-    )
-    if r is not None:
-        con.print(
-            f"runner-up: {ex.node_name(r)} (index {r}, p={probs[r]:.2f}); "
-            f"logit gap {ex.logits[c] - ex.logits[r]:.4f}"
-        )
-    rep = m.get("reproduces_log", {})
-    if not rep.get("node", True) or not rep.get("values", True):
-        con.print(
-            f"[yellow]warning[/]: this model now picks {ex.node_name(ex.recomputed_choice)} "
-            "or other values than the log says: its files are not the ones that decided"
-        )
-    con.print(f"method: {METHOD}, {ex.n_steps} steps; baseline: {BASELINE}")
-
-    table = Table(title=f"Top contributions to the {TARGETS['logit_chosen'][0]}")
-    for col, just in (
-        ("feature", "left"),
-        ("belongs to", "left"),
-        ("value", "right"),
-        ("contribution", "right"),
-    ):
-        table.add_column(col, justify=just)  # type: ignore[arg-type]
-    for x in ex.top("logit_chosen", top):
-        table.add_row(x.feature, x.entity, _fmt(x.value), _signed(x.contribution))
-    con.print(table)
-
-    if r is not None:
-        sep = Table(
-            title=f"What separated {ex.node_name(c)} from {ex.node_name(r)} "
-            f"(contributions to the logit gap)"
-        )
-        for col in ("feature", ex.node_name(c), ex.node_name(r), "contribution"):
-            sep.add_column(col, justify="left" if col == "feature" else "right")
-        for row in ex.separation(top):
-            sep.add_row(
-                row["feature"],
-                _fmt(row["chosen_value"]),
-                _fmt(row["runner_up_value"]),
-                _signed(row["contribution"]),
-            )
-        sep.add_row("(cluster + DAG features, shared)", "", "", _signed(ex.shared_gap()))
-        con.print(sep)
-
-    cont = Table(title="Continuous values at the chosen node: top contributions")
-    for col in ("value", "decided", "baseline", "top features (contribution)"):
-        cont.add_column(
-            col, justify="left" if col in ("value", "top features (contribution)") else "right"
-        )
-    for name in ("cpu", "mem", "max_retries"):
-        t = ex.targets[name]
-        tops = ", ".join(
-            f"{x.feature} @ {x.entity} {_signed(x.contribution)}" for x in ex.top(name, 3)
-        )
-        cont.add_row(name, _fmt(t.output), _fmt(t.baseline_output), tops)
-    con.print(cont)
-    status = "ok" if ex.complete else "[red]FAILED[/]"
-    con.print(
-        "completeness: contributions sum to f(x) - f(baseline) for every target within "
-        f"max(0.01, 1% of the change): {status} (largest error {ex.max_error:.2g})"
-    )
-    if png is not None:
-        con.print(f"wrote {png}")
-
-
-# -- --sample: a report over recent decisions ------------------------------------------------------
-
-
-def _explain_sample(
-    store: DecisionStore,
-    models: Models,
-    n: int,
-    out: Path,
-    as_json: bool,
-    top: int,
-    steps: int,
-) -> None:
-    from dagsched.policy.explain import CORE_TARGETS, ExplainError
-    from dagsched.policy.features import observation_from_dict
-
-    logs, stored, unreadable = store.recent_logs(n)
-    by_version: dict[str, list[DecisionLogMsg]] = defaultdict(list)
-    fallback = 0
-    for log in logs:
-        if log.arm == "fallback" or log.observation is None:
-            fallback += 1
-        else:
-            by_version[log.model_version].append(log)
-    sums: dict[str, dict[str, dict[str, float]]] = {}
-    counts: dict[str, int] = {}
-    arms: dict[str, dict[str, int]] = {}
-    errors: dict[str, str] = {}
-    incomplete: dict[str, int] = {}
-    max_err: dict[str, float] = {}
-    total = sum(len(v) for v in by_version.values())
-    done = 0
-    with one_thread(), progress_bar("explaining", enabled=stderr_is_tty()) as progress:
-        for version, items in by_version.items():
-            try:
-                sched = models.get(version)
-            except RegistryError as exc:
-                errors[version] = " ".join(str(exc).split())
-                done += len(items)
-                continue
-            acc: dict[str, dict[str, float]] = {t: defaultdict(float) for t in SUMMARY_TARGETS}
-            arms[version] = defaultdict(int)
-            for log in items:
-                done += 1
-                progress(done, total)
-                assert log.observation is not None
-                try:
-                    obs = observation_from_dict(log.observation)
-                    ex = _explain(sched, obs, log.node_index, CORE_TARGETS, steps, None)
-                except (ValueError, ExplainError):
-                    unreadable += 1
-                    continue
-                counts[version] = counts.get(version, 0) + 1
-                arms[version][log.arm] += 1
-                if not ex.complete:
-                    incomplete[version] = incomplete.get(version, 0) + 1
-                max_err[version] = max(max_err.get(version, 0.0), ex.max_error)
-                for t in SUMMARY_TARGETS:
-                    if t in ex.targets:
-                        for name, v in ex.per_feature(t).items():
-                            acc[t][name] += v
-            if counts.get(version):
-                sums[version] = {
-                    t: {k: v / counts[version] for k, v in acc[t].items()} for t in SUMMARY_TARGETS
-                }
-    out.mkdir(parents=True, exist_ok=True)
-    report = write_report(
-        out,
-        n,
-        stored,
-        logs,
-        fallback,
-        unreadable,
-        sums,
-        counts,
-        arms,
-        errors,
-        incomplete,
-        max_err,
-        models.source,
-        top,
-    )
-    if as_json:
-        typer.echo(json.dumps(report))
-    else:
-        typer.echo(
-            f"wrote {out / 'explain.md'}: {len(logs)} decisions, "
-            f"{sum(counts.values())} explained over {len(sums)} model version(s), "
-            f"{fallback} by the heuristic fallback"
-        )

@@ -54,7 +54,10 @@ def write_report(
     sources: dict[str, str],
     top: int,
 ) -> dict[str, Any]:
-    from dagsched.policy.explain import BASELINE, METHOD, TOLERANCE_ABS, TOLERANCE_REL, write_bars
+    """Write explain.md (and a chart per version) into `out`; return the JSON summary
+    (also written as explain.json)."""
+    from dagsched.cli.explain_charts import write_bars
+    from dagsched.policy.explanation import BASELINE, METHOD, TOLERANCE_ABS, TOLERANCE_REL
 
     lines = ["# Why the scheduler decides what it decides", ""]
     span = ""

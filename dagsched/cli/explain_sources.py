@@ -1,10 +1,12 @@
 """Where `dagsched explain` reads from: the daemon's decision store in Redis and the model
-versions that made the decisions (the registry, or bundle folders)."""
+versions that made the decisions (the registry, or bundle folders), run on one thread."""
 
 from __future__ import annotations
 
 import heapq
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +55,7 @@ class DecisionStore:
             raise ExplainFailed(f"cannot read Redis at {self.url}: {exc}") from None
 
     def key(self, kind: str, task_key: str, attempt: int) -> str:
+        """The Redis key of a decision (`dec`) or decision log (`obs`)."""
         return f"{self.prefix}{kind}:{task_key}:{attempt}"
 
     def find(self, task_key: str, attempt: int | None) -> tuple[int, bytes | None, bytes | None]:
@@ -135,6 +138,7 @@ class Models:
         self.source: dict[str, str] = {}  # version -> where it was loaded from
 
     def get(self, version: str) -> GNNScheduler:
+        """The scheduler of `version`, loaded once (RegistryError when it cannot be)."""
         if version not in self.cache:
             self.cache[version] = self._load(version)
         return self.cache[version]
@@ -164,3 +168,18 @@ class Models:
         sched = Registry(self.settings).load(m[1])
         self.source[version] = f"registry version {m[1]}"
         return sched
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """One torch intra-op thread while explaining: the batches are small, and on a shared
+    2-core machine one thread measured 2-5x faster than two (bench/explain_speed.py); it also
+    leaves the other cores to a daemon on the same host."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)

@@ -180,8 +180,9 @@ def eval_cmd(
     as_json: bool = typer.Option(False, "--json", help="One JSON array of rows on stdout."),
 ) -> None:
     """Evaluate a model against every baseline and MCTS; write Markdown, CSV and PNG charts."""
+    from dagsched.cli.eval_report import write_report
     from dagsched.cli.inputs import load_wfformat_path
-    from dagsched.learner.evaluate import evaluate, make_policies, scenarios, write_report
+    from dagsched.learner.evaluate import evaluate, make_policies, scenarios
     from dagsched.registry.store import Registry
     from dagsched.registry.uri import load_model
     from dagsched.sim.runner import POLICY_NAMES

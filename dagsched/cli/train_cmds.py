@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import typer
 
-from dagsched.cli.console import print_metrics, stderr_is_tty
+from dagsched.cli.console import print_metrics, progress_bar, stderr_is_tty
 from dagsched.cli.state import state
 
 
@@ -42,6 +43,6 @@ def train_cmd(
         export=export,
         resume=resume,
         eval_workflows=eval_workflows,
-        show_progress=stderr_is_tty(),
+        progress=partial(progress_bar, enabled=stderr_is_tty()),
     )
     print_metrics(result, title="training result")

@@ -3,16 +3,13 @@ seeds of the default scenario, each template, three loads, heavy faults, tight d
 WfFormat files.
 
 Rows carry at least `policy, scenario, sla_attainment, mean_jct_s, p95_jct_s, cost_core_s,
-decision_ms`; the report is a Markdown table, a CSV and PNG charts.
+decision_ms` (`ROW_KEYS`); `dagsched.cli.eval_report` writes them as Markdown, CSV and charts.
 """
 
 from __future__ import annotations
 
-import csv
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -145,77 +142,3 @@ def _row(policy: str, scenario: str, runs: list[dict[str, Any]]) -> dict[str, An
         "decision_ms": 1000 * sum(r["wall_s"] for r in runs) / max(1, decisions),
         "seeds": len(runs),
     }
-
-
-def write_report(
-    out: Path, rows: list[dict[str, Any]], history: list[dict[str, float]] | None = None
-) -> str:
-    """eval.md, eval.csv, eval.json, sla.png, jct.png (+ training.png); returns the Markdown."""
-    out.mkdir(parents=True, exist_ok=True)
-    with (out / "eval.csv").open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(ROW_KEYS))
-        w.writeheader()
-        w.writerows(rows)
-    (out / "eval.json").write_text(json.dumps(rows, indent=2) + "\n")
-    md = ["| " + " | ".join(ROW_KEYS) + " |", "|" + "---|" * len(ROW_KEYS)]
-    for r in rows:
-        md.append("| " + " | ".join(_fmt(r[k]) for k in ROW_KEYS) + " |")
-    text = "\n".join(md) + "\n"
-    (out / "eval.md").write_text(text)
-    for metric, fname, label in (
-        ("sla_attainment", "sla.png", "SLA attainment"),
-        ("mean_jct_s", "jct.png", "mean completion time (s)"),
-    ):
-        _grouped_bars(out / fname, rows, metric, label)
-    if history:
-        _training_curves(out / "training.png", history)
-    return text
-
-
-def _fmt(v: Any) -> str:
-    return f"{v:.3f}" if isinstance(v, float) else str(v)
-
-
-def _grouped_bars(path: Path, rows: list[dict[str, Any]], metric: str, label: str) -> None:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    scen = list(dict.fromkeys(r["scenario"] for r in rows))
-    pols = list(dict.fromkeys(r["policy"] for r in rows))
-    val = {(r["policy"], r["scenario"]): r[metric] for r in rows}
-    fig = Figure(figsize=(max(8, 1.1 * len(scen)), 4.5))
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot(1, 1, 1)
-    width = 0.8 / len(pols)
-    x = np.arange(len(scen))
-    for i, p in enumerate(pols):
-        ax.bar(x + i * width, [val.get((p, s), np.nan) for s in scen], width, label=p)
-    ax.set_xticks(x + 0.4 - width / 2, scen, rotation=35, ha="right", fontsize=8)
-    ax.set_ylabel(label)
-    ax.set_title(f"{label} by policy and scenario")
-    ax.legend(fontsize=7, ncol=min(5, len(pols)))
-    ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-
-
-def _training_curves(path: Path, history: list[dict[str, float]]) -> None:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    keys = [
-        k
-        for k in ("charts/mean_reward", "charts/episode_sla", "losses/approx_kl", "losses/entropy")
-        if any(k in h for h in history)
-    ]
-    fig = Figure(figsize=(4 * max(1, len(keys)), 3.2))
-    FigureCanvasAgg(fig)
-    for i, k in enumerate(keys):
-        ax = fig.add_subplot(1, len(keys), i + 1)
-        pts = [(h["step"], h[k]) for h in history if k in h]
-        ax.plot([p[0] for p in pts], [p[1] for p in pts])
-        ax.set_title(k, fontsize=9)
-        ax.set_xlabel("update")
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)

@@ -1,9 +1,15 @@
-"""Train, evaluate on held-out seeds, export the bundle, register the version."""
+"""Train, evaluate on held-out seeds, export the bundle, register the version.
+
+Reports progress through structlog and an optional `progress` callback; drawing a bar is the
+caller's business (the CLI passes its `progress_bar`).
+"""
 
 from __future__ import annotations
 
 import tempfile
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -22,6 +28,16 @@ from dagsched.sim.runner import simulate
 log = structlog.get_logger("dagsched.train")
 
 HELD_OUT_SEEDS = (1000, 1001, 1002)
+
+ProgressFn = Callable[[int, int], None]
+# `progress(description)` opens a context that yields a `(done, total)` callback; it is
+# closed when training ends, before the held-out evaluation (0 as total: not known).
+Progress = Callable[[str], AbstractContextManager[ProgressFn]]
+
+
+def _no_progress(description: str) -> AbstractContextManager[ProgressFn]:
+    del description
+    return nullcontext(lambda done, total: None)
 
 
 def held_out_eval(
@@ -61,9 +77,11 @@ def run_training(
     export: Path | None,
     resume: bool,
     eval_workflows: int,
-    show_progress: bool,
+    progress: Progress = _no_progress,
 ) -> dict[str, Any]:
-    """The whole `dagsched train`: returns the registered version and its metrics."""
+    """The whole `dagsched train`: returns the registered version and its metrics.
+
+    `progress` reports the PPO updates (see `Progress`); by default nothing is drawn."""
     from torch.utils.tensorboard import SummaryWriter
 
     from dagsched.registry.store import Registry
@@ -91,12 +109,10 @@ def run_training(
                     **{k.split("/")[-1]: round(v, 4) for k, v in metrics.items()},
                 )
 
-        from dagsched.cli.console import progress_bar
-
         checkpoint = settings.home / "checkpoints" / f"seed{seed}.pt"
         if not resume:
             checkpoint.unlink(missing_ok=True)  # a fresh run; --resume continues this one
-        with progress_bar("PPO updates", enabled=show_progress) as bar:
+        with progress("PPO updates") as bar:
             result = train(
                 training_scenario(settings),
                 settings.train,

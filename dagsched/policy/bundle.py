@@ -7,7 +7,8 @@
     checksums.json       SHA-256 of each file above
 
 The registry stores a bundle as a version's artifacts and the repository ships one as the
-default champion. Loading verifies every checksum, the schema and a smoke inference.
+default champion. Loading verifies every checksum, the schema and a smoke inference (on
+synthetic observation types, never the simulator).
 """
 
 from __future__ import annotations
@@ -20,11 +21,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from dagsched.policy.features import CLUSTER_FEATURES, DAG_FEATURES, NODE_FEATURES
+from dagsched.policy.features import CLUSTER_FEATURES, DAG_FEATURES, NODE_FEATURES, observe
 from dagsched.policy.model import ActorCritic, ModelConfig
 from dagsched.policy.normalizer import FeatureNormalizer
 from dagsched.policy.scheduler import GNNScheduler
-from dagsched.sim.config import ClusterConfig
+from dagsched.sim.view import ClusterView, TaskView
 from dagsched.sim.workflow import TaskSpec, TaskType, Workflow
 
 FILES = ("state_dict.pt", "normalizer.joblib", "model_config.json", "feature_schema.json")
@@ -36,6 +37,7 @@ class BundleError(ValueError):
 
 
 def feature_schema() -> dict[str, list[str]]:
+    """Feature names per group, as this code computes them (stored with every bundle)."""
     return {
         "nodes": list(NODE_FEATURES),
         "cluster": list(CLUSTER_FEATURES),
@@ -44,6 +46,7 @@ def feature_schema() -> dict[str, list[str]]:
 
 
 def sha256(path: Path) -> str:
+    """Hex SHA-256 of a file, read in 1 MiB chunks."""
     h = hashlib.sha256()
     with path.open("rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -103,22 +106,54 @@ def load_bundle(
     return sched
 
 
-def smoke_inference(sched: GNNScheduler) -> None:
-    """Place one task on a small synthetic cluster; refuse NaNs or out-of-range actions."""
-    from dagsched.sim.config import ScenarioConfig
-    from dagsched.sim.engine import Simulator
-    from dagsched.sim.view import cluster_view, task_view
-
+def smoke_views(n_nodes: int = 8) -> tuple[ClusterView, list[TaskView]]:
+    """A small synthetic cluster (all four node kinds, two zones, idle) and two tasks of one
+    workflow: its CPU root, and its GPU child whose parent ran on node 0."""
+    kind = np.arange(n_nodes) % 4  # cpu, gpu, io, mem: the order of sim.config.NODE_KINDS
+    cores = np.where(kind == 0, 32.0, 16.0)
+    mem_gb = np.where(kind == 3, 512.0, 128.0)
+    cluster = ClusterView(
+        now=0.0,
+        node_ids=[f"smoke-{i}" for i in range(n_nodes)],
+        kind=kind,
+        zone=np.arange(n_nodes) % 2,
+        cores=cores,
+        mem_gb=mem_gb,
+        gpu_mem_gb=np.where(kind == 1, 80.0, 0.0),
+        net_gbps=np.full(n_nodes, 25.0),
+        speed=np.ones((n_nodes, len(TaskType))),
+        alive=np.ones(n_nodes, dtype=bool),
+        free_cores=cores.copy(),
+        free_mem=mem_gb.copy(),
+        queue_len=np.zeros(n_nodes),
+        queued_core_s=np.zeros(n_nodes),
+        net_in_bytes=np.zeros(n_nodes),
+        failure_rate=np.zeros(n_nodes),
+        slowdown=np.ones(n_nodes),
+    )
     specs = [
         TaskSpec("a", TaskType.CPU, 10, 2, 4, output_bytes=1e8),
         TaskSpec("b", TaskType.GPU, 10, 2, 8),
     ]
     wf = Workflow.build("smoke", specs, [(0, 1)], deadline_s=100)
-    sim = Simulator(ScenarioConfig(cluster=ClusterConfig().scaled(8)), [wf], seed=0)
-    batch = sim.advance()
-    assert batch is not None
-    placements = sched.place(cluster_view(sim), [task_view(t) for t in batch])
-    p = placements[0]
-    values: list[Any] = [p.cpu, p.mem, p.log_prob]
-    if not (0 <= p.node < 8) or not np.all(np.isfinite(values)):
-        raise BundleError(f"smoke inference produced an invalid placement: {p}")
+
+    def task(idx: int, parent_nodes: list[int], sub_deadline_s: float) -> TaskView:
+        """Task `idx`, the tasks before it done, itself ready."""
+        order = np.arange(wf.size)
+        return TaskView(wf, idx, 0, order < idx, order == idx, parent_nodes, -1, sub_deadline_s)
+
+    return cluster, [task(0, [], 50.0), task(1, [0], 100.0)]
+
+
+def smoke_inference(sched: GNNScheduler) -> None:
+    """Place the `smoke_views` tasks in one forward pass; refuse NaNs or out-of-range
+    actions. Needs only the observation types: no simulator, no scenario."""
+    cluster, tasks = smoke_views()
+    try:
+        placements = sched.place_observations([observe(cluster, t) for t in tasks])
+    except (ValueError, RuntimeError) as exc:  # e.g. NaN outputs that cannot be rounded
+        raise BundleError(f"smoke inference failed: {exc}") from None
+    for p in placements:
+        values: list[Any] = [p.cpu, p.mem, p.log_prob]
+        if not (0 <= p.node < cluster.n) or not np.all(np.isfinite(values)):
+            raise BundleError(f"smoke inference produced an invalid placement: {p}")

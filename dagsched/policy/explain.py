@@ -28,13 +28,15 @@ runner-up's, which is exact because IG is linear in the attributed function. Com
 with Gauss-Legendre quadrature and `DEFAULT_STEPS` steps (32: the error measured on the
 shipped champion is ~1e-5, far inside the tolerance, and 64 steps cost about twice the time).
 
-No Kafka, no Redis and no CLI here: callers hand in an `Observation` and a scheduler.
+No Kafka, no Redis, no CLI and no drawing here: callers hand in an `Observation` and a
+model; the result types (`Explanation`, the targets and tolerances) are in
+`dagsched.policy.explanation`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -42,36 +44,17 @@ import torch
 from captum.attr import IntegratedGradients
 from torch import Tensor
 
-from dagsched.policy.features import (
-    CLUSTER_FEATURES,
-    DAG_FEATURES,
-    NODE_FEATURES,
-    Observation,
+from dagsched.policy.explanation import (
+    CORE_TARGETS,
+    DEFAULT_STEPS,
+    TARGETS,
+    ExplainError,
+    Explanation,
+    TargetAttribution,
 )
+from dagsched.policy.features import Observation
 from dagsched.policy.model import ActorCritic, from_unit
 from dagsched.policy.normalizer import FeatureNormalizer
-
-METHOD = "captum.attr.IntegratedGradients (Gauss-Legendre)"
-BASELINE = "zeros in normalised space = the training-mean observation"
-DEFAULT_STEPS = 32
-TOLERANCE_ABS = 1e-2
-TOLERANCE_REL = 1e-2
-
-# target name -> (what it is, unit)
-TARGETS: dict[str, tuple[str, str]] = {
-    "logit_chosen": ("chosen node's logit", "logit"),
-    "logit_runner_up": ("runner-up node's logit", "logit"),
-    "logit_gap": ("logit gap, chosen - runner-up", "logit"),
-    "cpu": ("CPU reservation (Beta mean at the chosen node)", "fraction of node cores"),
-    "mem": ("memory reservation (Beta mean at the chosen node)", "fraction of node memory"),
-    "max_retries": ("max retries (Beta mean at the chosen node)", "retries"),
-    "node_scores": ("sum of alive nodes' logits (per-node heatmap)", "logit"),
-}
-CORE_TARGETS: tuple[str, ...] = tuple(t for t in TARGETS if t != "node_scores")
-
-
-class ExplainError(ValueError):
-    """The decision cannot be explained (malformed record, node out of range, ...)."""
 
 
 @dataclass(frozen=True)
@@ -82,251 +65,6 @@ class _DagShape:
     edges: Tensor  # [2, E] both directions
     n_tasks: int
     task_idx: int
-
-
-@dataclass
-class Contribution:
-    """One input feature's share of one target's change from the baseline."""
-
-    group: str  # "node" | "cluster" | "dag"
-    entity: str  # "node 7" / "node-0007", "cluster", "task 3" / "task 3 (this)"
-    feature: str
-    value: float  # raw (un-normalised) feature value
-    contribution: float
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "group": self.group,
-            "entity": self.entity,
-            "feature": self.feature,
-            "value": _r(self.value),
-            "contribution": _r(self.contribution),
-        }
-
-
-@dataclass
-class TargetAttribution:
-    """Attributions of one target, per group, with its completeness check."""
-
-    name: str
-    output: float  # f(x)
-    baseline_output: float  # f(baseline)
-    nodes: np.ndarray  # [N, Fn]
-    cluster: np.ndarray  # [Fc]
-    dag: np.ndarray  # [T, Fd]
-    captum_delta: float  # Captum's convergence delta (sum(attr) - (f(x) - f(b)))
-
-    @property
-    def total(self) -> float:
-        return float(self.nodes.sum() + self.cluster.sum() + self.dag.sum())
-
-    @property
-    def error(self) -> float:
-        """|sum(attributions) - (f(x) - f(baseline))|."""
-        return abs(self.total - (self.output - self.baseline_output))
-
-    @property
-    def tolerance(self) -> float:
-        return max(TOLERANCE_ABS, TOLERANCE_REL * abs(self.output - self.baseline_output))
-
-    @property
-    def complete(self) -> bool:
-        return self.error <= self.tolerance
-
-    def completeness(self) -> dict[str, Any]:
-        return {
-            "output": _r(self.output),
-            "baseline_output": _r(self.baseline_output),
-            "sum_attributions": _r(self.total),
-            "error": float(f"{self.error:.3g}"),
-            "captum_delta": float(f"{self.captum_delta:.3g}"),
-            "tolerance": float(f"{self.tolerance:.3g}"),
-            "ok": self.complete,
-        }
-
-
-@dataclass
-class Explanation:
-    """Everything `dagsched explain` shows about one decision."""
-
-    obs: Observation
-    chosen: int
-    runner_up: int | None
-    logits: np.ndarray  # [N] recomputed (dead nodes -1e9)
-    values: np.ndarray  # [3] recomputed cpu, mem, retries at the chosen node
-    targets: dict[str, TargetAttribution]
-    node_ids: list[str] | None = None
-    n_steps: int = DEFAULT_STEPS
-    meta: dict[str, Any] = field(default_factory=dict)
-
-    # -- naming -------------------------------------------------------------------------------
-
-    def node_name(self, i: int) -> str:
-        if self.node_ids is not None and 0 <= i < len(self.node_ids):
-            return self.node_ids[i]
-        return f"node {i}"
-
-    def task_name(self, j: int) -> str:
-        return f"task {j} (this)" if j == self.obs.task_idx else f"task {j}"
-
-    @property
-    def recomputed_choice(self) -> int:
-        return int(np.argmax(self.logits))
-
-    @property
-    def probabilities(self) -> np.ndarray:
-        z = self.logits - self.logits.max()
-        p = np.exp(z) * self.obs.mask
-        return p / p.sum()
-
-    @property
-    def complete(self) -> bool:
-        return all(t.complete for t in self.targets.values())
-
-    @property
-    def max_error(self) -> float:
-        return max((t.error for t in self.targets.values()), default=0.0)
-
-    # -- views --------------------------------------------------------------------------------
-
-    def contributions(self, target: str) -> list[Contribution]:
-        """Every (group, entity, feature) contribution to `target`, largest |value| first."""
-        t = self.targets[target]
-        out: list[Contribution] = []
-        for i in range(t.nodes.shape[0]):
-            for f, name in enumerate(NODE_FEATURES):
-                out.append(
-                    Contribution(
-                        "node",
-                        self.node_name(i),
-                        name,
-                        float(self.obs.nodes[i, f]),
-                        float(t.nodes[i, f]),
-                    )
-                )
-        for f, name in enumerate(CLUSTER_FEATURES):
-            out.append(
-                Contribution(
-                    "cluster", "cluster", name, float(self.obs.cluster[f]), float(t.cluster[f])
-                )
-            )
-        for j in range(t.dag.shape[0]):
-            for f, name in enumerate(DAG_FEATURES):
-                out.append(
-                    Contribution(
-                        "dag",
-                        self.task_name(j),
-                        name,
-                        float(self.obs.dag[j, f]),
-                        float(t.dag[j, f]),
-                    )
-                )
-        out.sort(key=lambda c: -abs(c.contribution))
-        return out
-
-    def top(self, target: str, k: int) -> list[Contribution]:
-        return [c for c in self.contributions(target)[:k] if c.contribution != 0.0]
-
-    def separation(self, k: int) -> list[dict[str, Any]]:
-        """What separated the chosen node from the runner-up: per node feature, the chosen
-        and runner-up values and the summed contribution of both nodes' values to the gap."""
-        if self.runner_up is None:
-            return []
-        gap = self.targets["logit_gap"]
-        c, r = self.chosen, self.runner_up
-        rows: list[dict[str, Any]] = [
-            {
-                "feature": name,
-                "chosen_value": _r(float(self.obs.nodes[c, f])),
-                "runner_up_value": _r(float(self.obs.nodes[r, f])),
-                "contribution": _r(float(gap.nodes[c, f] + gap.nodes[r, f])),
-            }
-            for f, name in enumerate(NODE_FEATURES)
-        ]
-        rows.sort(key=lambda x: -abs(x["contribution"]))
-        return [x for x in rows[:k] if x["contribution"] != 0.0]
-
-    def shared_gap(self) -> float:
-        """The part of the gap attributed to features both nodes share (cluster and DAG)."""
-        gap = self.targets["logit_gap"]
-        return float(gap.cluster.sum() + gap.dag.sum())
-
-    def per_feature(self, target: str) -> dict[str, float]:
-        """|attribution| summed over nodes / tasks, per "group.feature" name."""
-        t = self.targets[target]
-        out: dict[str, float] = {}
-        for f, name in enumerate(NODE_FEATURES):
-            out[f"node.{name}"] = float(np.abs(t.nodes[:, f]).sum())
-        for f, name in enumerate(CLUSTER_FEATURES):
-            out[f"cluster.{name}"] = float(abs(t.cluster[f]))
-        for f, name in enumerate(DAG_FEATURES):
-            out[f"dag.{name}"] = float(np.abs(t.dag[:, f]).sum())
-        return out
-
-    def to_dict(self, top: int = 12) -> dict[str, Any]:
-        probs = self.probabilities
-        units = {"cpu": 0, "mem": 1, "max_retries": 2}
-
-        def node(i: int | None) -> dict[str, Any] | None:
-            if i is None:
-                return None
-            return {
-                "index": i,
-                "node": self.node_name(i),
-                "logit": _r(float(self.logits[i])),
-                "probability": _r(float(probs[i])),
-            }
-
-        targets: dict[str, Any] = {}
-        for name, t in self.targets.items():
-            if name == "node_scores":
-                continue
-            entry: dict[str, Any] = {
-                "description": TARGETS[name][0],
-                "unit": TARGETS[name][1],
-                **t.completeness(),
-                "top": [c.to_dict() for c in self.top(name, top)],
-            }
-            if name in units:
-                entry["value"] = _r(float(self.values[units[name]]))
-            targets[name] = entry
-        out: dict[str, Any] = {
-            **self.meta,
-            "method": METHOD,
-            "baseline": BASELINE,
-            "n_steps": self.n_steps,
-            "chosen": node(self.chosen),
-            "runner_up": node(self.runner_up),
-            "recomputed_choice": node(self.recomputed_choice),
-            "targets": targets,
-            "separation": {
-                "gap": _r(float(self.logits[self.chosen] - self.logits[self.runner_up]))
-                if self.runner_up is not None
-                else None,
-                "node_features": self.separation(top),
-                "shared_features": _r(self.shared_gap()) if self.runner_up is not None else None,
-            },
-            "completeness": {
-                "rule": "|sum(attr) - (f(x) - f(baseline))| <= "
-                f"max({TOLERANCE_ABS:g}, {TOLERANCE_REL:g} * |f(x) - f(baseline)|)",
-                "ok": self.complete,
-                "max_error": float(f"{self.max_error:.3g}"),
-            },
-        }
-        if "node_scores" in self.targets:
-            out["node_heatmap"] = {
-                "rows": [self.node_name(i) for i in range(self.obs.nodes.shape[0])],
-                "features": list(NODE_FEATURES),
-                "contributions": np.round(self.targets["node_scores"].nodes, 5).tolist(),
-            }
-        return out
-
-
-def _r(x: float) -> float:
-    return float(f"{x:.6g}")
-
-
-# -- computing -------------------------------------------------------------------------------------
 
 
 def runner_up_of(logits: np.ndarray, mask: np.ndarray, chosen: int) -> int | None:
@@ -482,89 +220,3 @@ def explain_observation(
         node_ids=list(node_ids) if node_ids is not None else None,
         n_steps=n_steps,
     )
-
-
-# -- pictures --------------------------------------------------------------------------------------
-
-
-def write_heatmap(path: Any, ex: Explanation, title: str = "") -> None:
-    """PNG: per-node contributions of each node feature to that node's own logit (nodes x
-    features), chosen and runner-up marked; beside it the top cluster / DAG contributions to
-    the chosen node's logit."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.colors import TwoSlopeNorm
-    from matplotlib.figure import Figure
-
-    grid = (
-        ex.targets["node_scores"].nodes
-        if "node_scores" in ex.targets
-        else ex.targets["logit_chosen"].nodes
-    )
-    n = grid.shape[0]
-    fig = Figure(figsize=(15, max(4.5, 0.24 * n + 2.2)))
-    FigureCanvasAgg(fig)
-    ax, side = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 1.3]})
-    lim = float(np.abs(grid).max()) or 1.0
-    img = ax.imshow(grid, aspect="auto", cmap="RdBu_r", norm=TwoSlopeNorm(0.0, -lim, lim))
-    ax.set_xticks(range(len(NODE_FEATURES)), NODE_FEATURES, rotation=60, ha="right", fontsize=8)
-    labels = []
-    for i in range(n):
-        mark = " ◀ chosen" if i == ex.chosen else " ◁ runner-up" if i == ex.runner_up else ""
-        dead = "" if ex.obs.mask[i] else " (down)"
-        labels.append(f"{ex.node_name(i)}{dead}{mark}")
-    ax.set_yticks(range(n), labels, fontsize=7)
-    for row in (ex.chosen, ex.runner_up):
-        if row is not None:
-            ax.axhline(row - 0.5, color="k", lw=0.8)
-            ax.axhline(row + 0.5, color="k", lw=0.8)
-    ax.set_title("contribution of each node's features to its own logit", fontsize=10)
-    fig.colorbar(img, ax=ax, fraction=0.03, pad=0.01, label="IG contribution (logit)")
-
-    t = ex.targets["logit_chosen"]
-    shared = [(f"cluster.{nm}", float(t.cluster[f])) for f, nm in enumerate(CLUSTER_FEATURES)]
-    for f, nm in enumerate(DAG_FEATURES):
-        shared.append((f"dag.{nm}", float(t.dag[:, f].sum())))
-    shared.sort(key=lambda x: -abs(x[1]))
-    shared = shared[:12][::-1]
-    side.barh(
-        [s[0] for s in shared],
-        [s[1] for s in shared],
-        color=["#c0392b" if s[1] > 0 else "#2c6fbb" for s in shared],
-    )
-    side.axvline(0, color="k", lw=0.6)
-    side.tick_params(axis="y", labelsize=8)
-    side.set_title("cluster / DAG features → chosen logit", fontsize=10)
-    if title:
-        fig.suptitle(title, fontsize=11)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-
-
-def write_bars(
-    path: Any,
-    title: str,
-    series: dict[str, dict[str, float]],
-    top: int = 15,
-    xlabel: str = "mean |IG attribution| per decision",
-) -> None:
-    """PNG: horizontal bars of the `top` features (by the first series) for each series."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    first = next(iter(series.values()))
-    names = sorted(first, key=lambda x: -first[x])[:top][::-1]
-    fig = Figure(figsize=(9, 0.32 * len(names) + 1.8))
-    FigureCanvasAgg(fig)
-    ax = fig.subplots()
-    h = 0.8 / len(series)
-    y = np.arange(len(names))
-    for s, (label, vals) in enumerate(series.items()):
-        ax.barh(
-            y + (s - (len(series) - 1) / 2) * h, [vals.get(x, 0.0) for x in names], h, label=label
-        )
-    ax.set_yticks(y, names, fontsize=8)
-    ax.set_xlabel(xlabel)
-    ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)

@@ -6,13 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dagsched.policy.explain import (
+from dagsched.policy.explain import explain_observation
+from dagsched.policy.explanation import (
     CORE_TARGETS,
     DEFAULT_STEPS,
     TOLERANCE_ABS,
     TOLERANCE_REL,
     ExplainError,
-    explain_observation,
 )
 from dagsched.policy.features import CLUSTER_FEATURES, DAG_FEATURES, NODE_FEATURES
 

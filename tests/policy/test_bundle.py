@@ -56,3 +56,16 @@ def test_shipped_champion_loads() -> None:
     shipped = Path(__file__).resolve().parents[2] / "models" / "champion"
     sched = load_bundle(shipped, "shipped")
     assert sched.version == "shipped"
+
+
+def test_smoke_inference_refuses_nan_weights(
+    tmp_path: Path, model: ActorCritic, normalizer: FeatureNormalizer
+) -> None:
+    import torch
+
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(float("nan"))
+    save_bundle(tmp_path, model, normalizer)
+    with pytest.raises(BundleError, match="smoke inference"):
+        load_bundle(tmp_path, "v1")
