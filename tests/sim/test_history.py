@@ -130,9 +130,17 @@ def test_completion_terms_sum_to_the_time_workflows_spent_in_the_system() -> Non
     assert -sum(credits) * COMPLETION_SCALE_S == pytest.approx(expected, rel=1e-9)
 
 
-def test_exact_truth_keeps_heft_history_close_to_heft() -> None:
-    """With no hidden truth, history only confirms the declarations."""
+def test_exact_truth_teaches_history_the_declarations() -> None:
+    """With no hidden truth, every family's history confirms its declaration: runtime ratio
+    1, and p90 use and peak in the bucket holding 1, so heft_history reserves the request
+    +15% (+ up to one 5% bucket): VPA's margin, which in an exact world is pure waste."""
     sc = replace(small_scenario(workflows=40), truth=TruthConfig(exact=True))
-    a = simulate(sc, "heft_history", seed=3)
-    b = simulate(sc, "heft", seed=3)
-    assert a["mean_jct_s"] == pytest.approx(b["mean_jct_s"], rel=0.1)
+    sim = Simulator(sc, generate_workflows(sc, 3), seed=3)
+    sim.run(make_policy("heft_history", 3))
+    assert sim.history.families
+    for stats in sim.history.families.values():
+        if stats.count:
+            assert stats.runtime_ratio() == pytest.approx(1.0)
+            cores, mem = history_request(10.0, 10.0, stats)
+            assert 11.5 - 1e-9 <= cores <= 11.5 * 1.05 + 1e-9
+            assert 11.5 - 1e-9 <= mem <= 11.5 * 1.05 + 1e-9

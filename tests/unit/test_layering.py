@@ -41,13 +41,19 @@ PRESENTATION = {"cli", "demo", "reporting"}
 # What of the simulator each part may read: its types and the observation's inputs, never
 # the engine, the runner or the workload generator.
 SIM_TYPES: dict[str, set[str]] = {
-    "policy": {"dagsched.sim.view", "dagsched.sim.workflow", "dagsched.sim.state"},
+    "policy": {
+        "dagsched.sim.view",
+        "dagsched.sim.workflow",
+        "dagsched.sim.state",
+        "dagsched.sim.estimates",  # the transfer estimate every scheduler shares
+    },
     "daemon": {
         "dagsched.sim.view",
         "dagsched.sim.workflow",
         "dagsched.sim.state",
         "dagsched.sim.wire",  # workflow messages <-> Workflow
         "dagsched.sim.config",  # NODE_KINDS
+        "dagsched.sim.history",  # the same history arithmetic, kept in Redis
     },
 }
 # Third-party roots that sim (pure numpy: the world, no I/O) must not import.
