@@ -562,6 +562,7 @@ class Simulator:
         if run.remaining == 0:
             del self.active[run.wf.id]
             self.metrics.workflow_finished(run.wf.arrival_s, self.now, run.wf.deadline_s)
+            run.tasks = []  # break the run <-> task cycle: freed now, not at the next full GC
         self._drain(t.node)
 
     def _fail(self, t: TaskRun, why: FailureKind) -> None:
@@ -606,6 +607,7 @@ class Simulator:
                 self._outcome(t, failed=True)
             if t.state != _DONE:
                 t.state = _CANCELLED
+        run.tasks = []  # break the run <-> task cycle: freed now, not at the next full GC
         for node in sorted(touched):
             self._drain(node)
 
