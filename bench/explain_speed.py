@@ -28,9 +28,9 @@ from rich.table import Table
 from dagsched.policy.bundle import load_bundle
 from dagsched.policy.explain import explain_observation
 from dagsched.policy.explanation import CORE_TARGETS, DEFAULT_STEPS
-from dagsched.policy.features import Observation, observe
 from dagsched.sim.config import ScenarioConfig
 from dagsched.sim.engine import Simulator
+from dagsched.sim.observation import Observation, observe
 from dagsched.sim.runner import make_policy, stream_workflows
 from dagsched.sim.view import cluster_view, task_view
 

@@ -33,9 +33,9 @@ from rich.console import Console
 from rich.table import Table
 
 from dagsched.policy.bundle import load_bundle
-from dagsched.policy.features import Observation, observe
 from dagsched.sim.config import ScenarioConfig
 from dagsched.sim.engine import Simulator
+from dagsched.sim.observation import Observation, observe
 from dagsched.sim.runner import make_policy, stream_workflows
 from dagsched.sim.view import ClusterView, TaskView, cluster_view, task_view
 

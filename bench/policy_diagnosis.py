@@ -28,9 +28,9 @@ from rich.table import Table
 from dagsched.learner.evaluate import HELD_OUT_SEED
 from dagsched.policy.api import SchedulerPolicy
 from dagsched.policy.bundle import load_bundle
-from dagsched.policy.features import demand_fractions
 from dagsched.sim.config import ScenarioConfig
 from dagsched.sim.engine import Simulator
+from dagsched.sim.observation import demand_fractions
 from dagsched.sim.runner import make_policy, simulate, stream_workflows
 from dagsched.sim.state import Decision, TaskRun
 from dagsched.sim.view import cluster_view, task_view

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from dagsched.policy.explanation import Explanation
-from dagsched.policy.features import CLUSTER_FEATURES, DAG_FEATURES, NODE_FEATURES
+from dagsched.sim.observation import CLUSTER_FEATURES, DAG_FEATURES, NODE_FEATURES
 
 
 def write_heatmap(path: Any, ex: Explanation, title: str = "") -> None:

@@ -144,7 +144,7 @@ def _explain_one(
     from dagsched.cli.explain_charts import write_heatmap
     from dagsched.policy.explain import explain_observation
     from dagsched.policy.explanation import CORE_TARGETS, ExplainError
-    from dagsched.policy.features import observation_from_dict
+    from dagsched.sim.observation import observation_from_dict
 
     try:
         obs = observation_from_dict(log.observation)

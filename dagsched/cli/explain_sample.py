@@ -29,7 +29,7 @@ def explain_sample(
     mean attributions per version as the report in `out` and say what was written."""
     from dagsched.policy.explain import explain_observation
     from dagsched.policy.explanation import CORE_TARGETS, ExplainError
-    from dagsched.policy.features import observation_from_dict
+    from dagsched.sim.observation import observation_from_dict
 
     logs, stored, unreadable = store.recent_logs(n)
     by_version: dict[str, list[DecisionLogMsg]] = defaultdict(list)

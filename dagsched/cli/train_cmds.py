@@ -17,7 +17,7 @@ def train_cmd(
     updates: int | None = typer.Option(None, "--updates", min=1, help="PPO updates to run."),
     seed: int = typer.Option(0, "--seed", min=0, help="Seed of everything random."),
     warm_start: str = typer.Option(
-        "heft", "--warm-start", help="Heuristic to imitate before PPO, or 'none'."
+        "heft_history", "--warm-start", help="Heuristic to imitate before PPO, or 'none'."
     ),
     export: Path | None = typer.Option(
         None, "--export", help="Also write the model bundle to this folder (e.g. models/champion)."

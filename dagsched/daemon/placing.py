@@ -24,9 +24,10 @@ from dagsched.daemon.models import Models
 from dagsched.daemon.redis_state import Reservation
 from dagsched.daemon.state import Progress, StateStore
 from dagsched.policy.api import Placement, Scheduler
-from dagsched.policy.features import observation_to_dict
 from dagsched.schemas.messages import DecisionLogMsg, DecisionMsg, TaskReadyMsg
 from dagsched.settings import Settings
+from dagsched.sim.history import FamilySummary
+from dagsched.sim.observation import observation_to_dict
 from dagsched.sim.state import CPU_BOUNDS, MEM_BOUNDS, RETRY_BOUNDS
 from dagsched.sim.view import ClusterView, TaskView
 from dagsched.sim.workflow import Workflow, downward_finish_s
@@ -63,6 +64,7 @@ class Placer:
         self.stats = stats
         self._logs: list[Logged] = []
         self._last_trace: list[Trace] = []
+        self._history: dict[str, FamilySummary] = {}
 
     async def decide(
         self, todo: dict[tuple[str, int], TaskReadyMsg], fetched: float
@@ -87,6 +89,9 @@ class Placer:
             else:
                 pending[key] = (m, wf)
         at = max((m.at for m, _ in pending.values() if m.at is not None), default=None)
+        self._history = await self.store.history(
+            sorted({wf.tasks[m.task].family for m, wf in pending.values()})
+        )
         for round_ in range(PLACE_ROUNDS):
             if not pending:
                 break
@@ -244,6 +249,7 @@ class Placer:
             parent_nodes=[index.get(nodes.get(p, ""), -1) for p in wf.parents[m.task]],
             prev_node=index.get(nodes.get(m.task, ""), -1) if m.attempt > 0 else -1,
             sub_deadline_s=wf.arrival_s + wf.deadline_s * finish[m.task] / cp,
+            history=self._history.get(wf.tasks[m.task].family),
         )
 
 

@@ -407,4 +407,6 @@ def build_view(
         net_in_bytes=col("net_in_bytes"),
         failure_rate=col("failure_rate"),
         slowdown=col("slowdown", 1.0),
+        used_cores=col("used_cores"),
+        used_mem=col("used_mem_gb"),
     )

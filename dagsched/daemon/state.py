@@ -20,6 +20,7 @@ import structlog
 from redis.exceptions import RedisError
 
 from dagsched.daemon.redis_state import RedisState, Reservation
+from dagsched.sim.history import FamilySummary, summarize
 from dagsched.sim.view import ClusterView
 from dagsched.sim.workflow import Workflow
 
@@ -166,6 +167,17 @@ class StateStore:
             return None
         self.workflows.put(wf_id, (wf, raw))
         return wf
+
+    async def history(self, families: Sequence[str]) -> dict[str, FamilySummary]:
+        """What history says of each family (empty while degraded: the model then sees
+        families it knows nothing about, and predicts their declared requests)."""
+        if not self.degraded and families:
+            try:
+                stats = await self.rs.history.stats(families)
+                return {f: s for f, st in stats.items() if (s := summarize(st)) is not None}
+            except RedisError as exc:
+                self._down("history", exc)
+        return {}
 
     async def progress(self, ids: Sequence[str]) -> dict[str, Progress]:
         """Done / active tasks and task nodes per workflow (empty while degraded)."""

@@ -32,7 +32,6 @@ import torch
 from dagsched.learner.completion import TimeInSystem
 from dagsched.learner.ppo_math import ppo_loss
 from dagsched.policy.batching import collate
-from dagsched.policy.features import NODE_FEATURES, Observation, observation_from_dict
 from dagsched.policy.model import ACTOR_HEADS, ActorCritic, evaluate
 from dagsched.policy.normalizer import FeatureNormalizer
 from dagsched.schemas.messages import (
@@ -46,6 +45,7 @@ from dagsched.schemas.messages import (
     WorkflowMsg,
 )
 from dagsched.sim.config import RewardWeights
+from dagsched.sim.observation import NODE_FEATURES, Observation, observation_from_dict
 from dagsched.sim.reward import TaskOutcome, decision_reward, dominant_core_s, jain_with
 from dagsched.sim.wire import to_workflow
 from dagsched.sim.workflow import Workflow, downward_finish_s

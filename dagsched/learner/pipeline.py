@@ -43,11 +43,12 @@ def _no_progress(description: str) -> AbstractContextManager[ProgressFn]:
 def held_out_eval(
     scenario: ScenarioConfig, sched: GNNScheduler, workflows: int
 ) -> dict[str, float]:
-    """Mean SLA / JCT of the model and two baselines on seeds training never drew."""
+    """Mean SLA / JCT of the model and three baselines on seeds training never drew."""
     sc = replace(scenario, workload=replace(scenario.workload, workflows=workflows))
     out: dict[str, float] = {}
     for name, pol in (
         ("model", SchedulerPolicy(sched, "model")),
+        ("heft_history", "heft_history"),
         ("heft", "heft"),
         ("least_loaded", "least_loaded"),
     ):

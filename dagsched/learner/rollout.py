@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dagsched.policy.features import Observation
 from dagsched.policy.scheduler import GNNScheduler
 from dagsched.sim.config import ScenarioConfig
 from dagsched.sim.engine import Simulator
+from dagsched.sim.observation import Observation
 from dagsched.sim.reward import TaskOutcome
 from dagsched.sim.state import Decision, TaskRun
 from dagsched.sim.view import cluster_view, task_view
@@ -90,7 +90,9 @@ class RolloutWorker:
                 self.buffer[-1].done = True
             self.sim = self._new_sim()
             return
-        placements = scheduler.place(cluster_view(self.sim), [task_view(t) for t in batch])
+        placements = scheduler.place(
+            cluster_view(self.sim), [task_view(t, self.sim) for t in batch]
+        )
         decisions = []
         for t, o, p, u, v in zip(
             batch,

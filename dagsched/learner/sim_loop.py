@@ -142,7 +142,7 @@ class SimLoop:
             version = self.champion if arm == "champion" else self.challenger
             assert version is not None
             sched = self.versions[version]
-            tvs = [task_view(ready[i]) for i in idx]
+            tvs = [task_view(ready[i], sim) for i in idx]
             placements = sched.place(view, tvs)
             for k, (i, p) in enumerate(zip(idx, placements, strict=True)):
                 view.take(tvs[k], p.node, p.cpu, p.mem)

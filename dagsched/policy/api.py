@@ -48,7 +48,7 @@ class SchedulerPolicy:
         self.name = name or scheduler.version
 
     def decide(self, sim: Simulator, ready: list[TaskRun]) -> list[Decision]:
-        placements = self.scheduler.place(cluster_view(sim), [task_view(t) for t in ready])
+        placements = self.scheduler.place(cluster_view(sim), [task_view(t, sim) for t in ready])
         return [
             Decision(t, p.node, p.cpu, p.mem, p.max_retries)
             for t, p in zip(ready, placements, strict=True)

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from dagsched.policy.features import Observation
+from dagsched.sim.observation import Observation
 
 
 @dataclass

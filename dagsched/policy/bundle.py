@@ -21,10 +21,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from dagsched.policy.features import CLUSTER_FEATURES, DAG_FEATURES, NODE_FEATURES, observe
 from dagsched.policy.model import ActorCritic, ModelConfig
 from dagsched.policy.normalizer import FeatureNormalizer
 from dagsched.policy.scheduler import GNNScheduler
+from dagsched.sim.observation import CLUSTER_FEATURES, DAG_FEATURES, NODE_FEATURES, observe
 from dagsched.sim.view import ClusterView, TaskView
 from dagsched.sim.workflow import TaskSpec, TaskType, Workflow
 

@@ -52,9 +52,9 @@ from dagsched.policy.explanation import (
     Explanation,
     TargetAttribution,
 )
-from dagsched.policy.features import Observation
 from dagsched.policy.model import ActorCritic, from_unit
 from dagsched.policy.normalizer import FeatureNormalizer
+from dagsched.sim.observation import Observation
 
 
 @dataclass(frozen=True)

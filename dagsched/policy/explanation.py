@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from dagsched.policy.features import (
+from dagsched.sim.observation import (
     CLUSTER_FEATURES,
     DAG_FEATURES,
     NODE_FEATURES,

@@ -30,11 +30,11 @@ from torch import Tensor, nn
 from torch.distributions import Beta, Categorical
 from torch_geometric.nn import AttentionalAggregation, GATv2Conv
 
-from dagsched.policy.features import CLUSTER_FEATURES, DAG_FEATURES, NODE_FEATURES
+from dagsched.sim.observation import CLUSTER_FEATURES, DAG_FEATURES, NODE_FEATURES
 from dagsched.sim.state import CPU_BOUNDS, MEM_BOUNDS, RETRY_BOUNDS
 
 ACTOR_HEADS: tuple[str, ...] = ("scorer", "cont_head", "prior")
-FINISH = NODE_FEATURES.index("log_finish_s")
+FINISH = NODE_FEATURES.index("log_pred_finish_s")
 LOW = torch.tensor([CPU_BOUNDS[0], MEM_BOUNDS[0], RETRY_BOUNDS[0]], dtype=torch.float32)
 HIGH = torch.tensor([CPU_BOUNDS[1], MEM_BOUNDS[1], RETRY_BOUNDS[1]], dtype=torch.float32)
 

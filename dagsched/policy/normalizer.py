@@ -16,7 +16,7 @@ import torch
 from sklearn.preprocessing import StandardScaler
 
 from dagsched.policy.batching import ObsBatch
-from dagsched.policy.features import CLUSTER_FEATURES, DAG_FEATURES, NODE_FEATURES, Observation
+from dagsched.sim.observation import CLUSTER_FEATURES, DAG_FEATURES, NODE_FEATURES, Observation
 
 GROUPS = {"nodes": NODE_FEATURES, "cluster": CLUSTER_FEATURES, "dag": DAG_FEATURES}
 

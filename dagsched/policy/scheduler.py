@@ -8,9 +8,9 @@ import torch
 
 from dagsched.policy.api import Placement
 from dagsched.policy.batching import collate, collate_dags
-from dagsched.policy.features import Observation, dag_features, observe
 from dagsched.policy.model import ActorCritic, PolicyOutput, act, from_unit
 from dagsched.policy.normalizer import FeatureNormalizer
+from dagsched.sim.observation import Observation, dag_features, observe
 from dagsched.sim.view import ClusterView, TaskView
 from dagsched.sim.workflow import upward_rank
 

@@ -124,6 +124,7 @@ class Simulator:
         # per node: used cores and GB now, dominant shares now, and since when they hold
         n = self.cluster.n
         self._used = [[0.0, 0.0] for _ in range(n)]
+        self.node_use = self._used  # measured cores and GB in use per node (telemetry)
         self._dom = [[0.0, 0.0] for _ in range(n)]  # reserved, used
         self._dom_at = [0.0] * n
         self.weights = scenario.reward

@@ -1,7 +1,14 @@
 """Gymnasium environment `dagsched/Cluster-v0`: one step places one ready task.
 
-Observation (a Dict): `nodes` [n_nodes, len(NODE_FEATURES)], `cluster`, `task`, and
-`action_mask` (1 for alive nodes). Action (a Dict): `node` (Discrete over nodes) and
+Observation (a Dict), from the one observation module the policy, the daemon and `explain`
+use (`sim.observation`): `nodes` [n_nodes, len(NODE_FEATURES)], `cluster`
+[len(CLUSTER_FEATURES)] (cluster, task and family-history context), `anchor` [n_nodes, 3]
+(the request history predicts, per node, in the action's unit space) and `action_mask` (1
+for alive nodes). The task's DAG, a graph of varying size, is not part of the Box
+observation: `info` carries it (`dag` [n_tasks, len(DAG_FEATURES)], `edges` [2, E],
+`task_idx`), so a graph policy can be trained on the environment too.
+
+Action (a Dict): `node` (Discrete over nodes) and
 `resources` = [CPU reservation 0.1-0.9, memory reservation 0.2-0.8, max retries 1-5].
 A masked (dead) node in the action is replaced by the next alive node and reported in
 `info["invalid_action"]`. The reward of a step is the sum of the per-decision rewards of every
@@ -21,16 +28,10 @@ from gymnasium import spaces
 
 from dagsched.sim.config import ClusterConfig, ScenarioConfig, WorkloadConfig
 from dagsched.sim.engine import Simulator
-from dagsched.sim.observe import (
-    CLUSTER_FEATURES,
-    NODE_FEATURES,
-    TASK_FEATURES,
-    cluster_features,
-    node_features,
-    task_features,
-)
+from dagsched.sim.observation import CLUSTER_FEATURES, NODE_FEATURES, Observation, observe
 from dagsched.sim.reward import TaskOutcome
 from dagsched.sim.state import CPU_BOUNDS, MEM_BOUNDS, RETRY_BOUNDS, Decision, TaskRun
+from dagsched.sim.view import cluster_view, task_view
 from dagsched.sim.workload import WorkloadGenerator
 
 ENV_ID = "dagsched/Cluster-v0"
@@ -54,7 +55,7 @@ class ClusterEnv(gym.Env[dict[str, np.ndarray], dict[str, Any]]):
             {
                 "nodes": spaces.Box(-np.inf, np.inf, (n, len(NODE_FEATURES)), np.float32),
                 "cluster": spaces.Box(-np.inf, np.inf, (len(CLUSTER_FEATURES),), np.float32),
-                "task": spaces.Box(-np.inf, np.inf, (len(TASK_FEATURES),), np.float32),
+                "anchor": spaces.Box(0.0, 1.0, (n, 3), np.float32),
                 "action_mask": spaces.MultiBinary(n),
             }
         )
@@ -84,7 +85,8 @@ class ClusterEnv(gym.Env[dict[str, np.ndarray], dict[str, Any]]):
         self._reward = 0.0
         self._batch = []
         self._next_task()
-        return self._obs(), {}
+        o = self._observation()
+        return self._obs(o), _dag_info(o)
 
     def step(
         self, action: dict[str, Any]
@@ -106,10 +108,11 @@ class ClusterEnv(gym.Env[dict[str, np.ndarray], dict[str, Any]]):
         sim.place(Decision(task, node, cpu, mem, round(retries)))
         done = self._next_task()
         reward, self._reward = self._reward, 0.0
-        info: dict[str, Any] = {"invalid_action": invalid}
+        o = self._observation()
+        info: dict[str, Any] = {"invalid_action": invalid, **_dag_info(o)}
         if done:
             info["metrics"] = sim.summary()
-        return self._obs(), reward, done, False, info
+        return self._obs(o), reward, done, False, info
 
     def _next_task(self) -> bool:
         """Advance to the next task needing a decision; True when the episode is over."""
@@ -121,20 +124,35 @@ class ClusterEnv(gym.Env[dict[str, np.ndarray], dict[str, Any]]):
             self._batch = batch
         return False
 
-    def _obs(self) -> dict[str, np.ndarray]:
+    def _observation(self) -> Observation | None:
+        """The shared observation of the task to place next (None once the episode ends)."""
         assert self.sim is not None
-        task = self._batch[0] if self._batch else None
-        nodes = node_features(self.sim, task)
+        if not self._batch:
+            return None
+        return observe(cluster_view(self.sim), task_view(self._batch[0], self.sim))
+
+    def _obs(self, o: Observation | None) -> dict[str, np.ndarray]:
+        assert self.sim is not None
+        n = self.sim.cluster.n
+        if o is None:
+            nodes = np.zeros((n, len(NODE_FEATURES)), dtype=np.float32)
+            cluster = np.zeros(len(CLUSTER_FEATURES), dtype=np.float32)
+            anchor = np.zeros((n, 3), dtype=np.float32)
+        else:
+            nodes, cluster, anchor = o.nodes, o.cluster, o.anchor.clip(0.0, 1.0)
         return {
             "nodes": nodes,
-            "cluster": cluster_features(self.sim, nodes),
-            "task": (
-                task_features(self.sim, task)
-                if task is not None
-                else np.zeros(len(TASK_FEATURES), dtype=np.float32)
-            ),
+            "cluster": cluster,
+            "anchor": anchor,
             "action_mask": np.asarray(self.sim.cluster.alive, dtype=np.int8),
         }
+
+
+def _dag_info(o: Observation | None) -> dict[str, Any]:
+    """The task's DAG, for `info`: a graph of varying size has no Box space."""
+    if o is None:
+        return {}
+    return {"dag": o.dag, "edges": o.edges, "task_idx": o.task_idx}
 
 
 def register_env() -> None:

@@ -160,3 +160,56 @@ class History:
         s.ooms += 1
         s.last_oom_s = at_s
         s.oom_limit = max(s.oom_limit, limit_ratio)
+
+
+@dataclass(frozen=True, slots=True)
+class FamilySummary:
+    """What a policy reads of a family's history: a few percentiles and counts."""
+
+    count: int
+    cpu_p50: float
+    cpu_p90: float
+    mem_p50: float
+    mem_p90: float
+    runtime_ratio: float  # the prediction: mean of the last two observed runtime ratios
+    runtime_p90: float
+    ooms: int
+    oom_limit: float
+
+
+def summarize(stats: FamilyStats | None) -> FamilySummary | None:
+    """The summary of `stats`, None for a family never observed."""
+    if stats is None:
+        return None
+    return FamilySummary(
+        count=stats.count,
+        cpu_p50=stats.cpu.percentile(0.5),
+        cpu_p90=stats.cpu.percentile(0.9),
+        mem_p50=stats.mem.percentile(0.5),
+        mem_p90=stats.mem.percentile(0.9),
+        runtime_ratio=stats.runtime_ratio(),
+        runtime_p90=stats.runtime.percentile(0.9),
+        ooms=stats.ooms,
+        oom_limit=stats.oom_limit,
+    )
+
+
+OOM_BUMP = 1.2  # the VPA recommender's memory bump after an OOM kill
+
+
+def predicted_use(
+    cpu_cores: float, mem_gb: float, h: FamilySummary | None
+) -> tuple[float, float, float]:
+    """(cores, memory GB, runtime ratio) history predicts for a task with this request: its
+    family's p90 CPU use and memory peak x the request (memory at least 1.2 x the highest
+    limit an OOM kill of the family hit) and the runtime prediction; the declared request
+    and ratio 1 while the family has no finished task."""
+    if h is None:
+        return cpu_cores, mem_gb, 1.0
+    if h.count:
+        cores, mem, rt = cpu_cores * h.cpu_p90, mem_gb * h.mem_p90, h.runtime_ratio
+    else:
+        cores, mem, rt = cpu_cores, mem_gb, 1.0
+    if h.ooms:
+        mem = max(mem, mem_gb * h.oom_limit * OOM_BUMP)
+    return cores, mem, rt

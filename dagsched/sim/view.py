@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from dagsched.sim.history import FamilySummary, summarize
 from dagsched.sim.state import TaskRun, TaskState
 from dagsched.sim.workflow import Workflow
 
@@ -42,6 +43,10 @@ class ClusterView:
     net_in_bytes: np.ndarray
     failure_rate: np.ndarray
     slowdown: np.ndarray
+    # measured use (node telemetry): cores and GB really in use, next to what is reserved;
+    # None where nothing reports it (read as zeros)
+    used_cores: np.ndarray | None = None
+    used_mem: np.ndarray | None = None
 
     @property
     def n(self) -> int:
@@ -90,6 +95,7 @@ class TaskView:
     parent_nodes: list[int]  # node index each parent ran on (-1 unknown), as wf.parents[idx]
     prev_node: int  # node of the previous failed attempt, -1 if none
     sub_deadline_s: float  # absolute time the task should finish by
+    history: FamilySummary | None = None  # what history says of the task's family
 
     @property
     def key(self) -> str:
@@ -117,11 +123,14 @@ def cluster_view(sim: Simulator) -> ClusterView:
         net_in_bytes=np.array([c.net_in_bytes(i, now) for i in range(c.n)]),
         failure_rate=np.array([c.failure_rate(i, now) for i in range(c.n)]),
         slowdown=np.array(c.observed_slowdown),
+        used_cores=np.array([u[0] for u in sim.node_use]),
+        used_mem=np.array([u[1] for u in sim.node_use]),
     )
 
 
-def task_view(t: TaskRun) -> TaskView:
-    """A ready task of the simulator as a `TaskView`."""
+def task_view(t: TaskRun, sim: Simulator | None = None) -> TaskView:
+    """A ready task of the simulator as a `TaskView`, with its family's history from `sim`
+    (none without it)."""
     run = t.run
     states = np.array([x.state for x in run.tasks])
     return TaskView(
@@ -135,4 +144,5 @@ def task_view(t: TaskRun) -> TaskView:
         parent_nodes=[run.tasks[p].node for p in run.wf.parents[t.idx]],
         prev_node=t.prev_node,
         sub_deadline_s=run.sub_deadline_s(t.idx),
+        history=summarize(sim.history.get(t.spec.family)) if sim is not None else None,
     )

@@ -12,7 +12,6 @@ from dagsched.daemon.broker import ensure_topics
 from dagsched.learner.curriculum import Curriculum
 from dagsched.learner.services import LearnerService
 from dagsched.learner.train import demonstrations
-from dagsched.policy.features import observation_to_dict
 from dagsched.registry.promotion import Promoter
 from dagsched.registry.store import CHALLENGER, CHAMPION, PREVIOUS, Registry
 from dagsched.schemas.messages import (
@@ -25,6 +24,7 @@ from dagsched.schemas.messages import (
 )
 from dagsched.settings import Settings
 from dagsched.sim.config import ScenarioConfig
+from dagsched.sim.observation import observation_to_dict
 from tests.daemon.conftest import Client, Running, make_settings, wait_for
 
 

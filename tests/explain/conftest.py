@@ -16,11 +16,11 @@ import pytest
 import redis
 
 from dagsched.policy.bundle import load_bundle
-from dagsched.policy.features import Observation, observation_to_dict, observe
 from dagsched.policy.scheduler import GNNScheduler
 from dagsched.schemas.messages import DecisionLogMsg, DecisionMsg
 from dagsched.sim.config import ScenarioConfig
 from dagsched.sim.engine import Simulator
+from dagsched.sim.observation import Observation, observation_to_dict, observe
 from dagsched.sim.runner import make_policy, stream_workflows
 from dagsched.sim.view import cluster_view, task_view
 

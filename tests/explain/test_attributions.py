@@ -14,7 +14,7 @@ from dagsched.policy.explanation import (
     TOLERANCE_REL,
     ExplainError,
 )
-from dagsched.policy.features import CLUSTER_FEATURES, DAG_FEATURES, NODE_FEATURES
+from dagsched.sim.observation import CLUSTER_FEATURES, DAG_FEATURES, NODE_FEATURES
 
 
 @pytest.fixture(scope="module")

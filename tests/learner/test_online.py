@@ -9,7 +9,6 @@ import torch
 from dagsched.learner.curriculum import Curriculum
 from dagsched.learner.online import FinetuneConfig, Joined, OutcomeJoiner, finetune_heads
 from dagsched.learner.train import demonstrations
-from dagsched.policy.features import observation_to_dict
 from dagsched.policy.model import ACTOR_HEADS, ActorCritic
 from dagsched.policy.normalizer import FeatureNormalizer
 from dagsched.schemas.messages import (
@@ -23,6 +22,7 @@ from dagsched.schemas.messages import (
     WorkflowMsg,
 )
 from dagsched.sim.config import RewardWeights, ScenarioConfig
+from dagsched.sim.observation import observation_to_dict
 from dagsched.sim.reward import TaskOutcome, decision_reward
 
 

@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 
 from dagsched.learner.online import Joined, OutcomeJoiner
-from dagsched.policy.features import observation_to_dict, observe
 from dagsched.schemas.messages import (
     DecisionLogMsg,
     DecisionMsg,
@@ -20,6 +19,7 @@ from dagsched.schemas.messages import (
     TaskStartedMsg,
 )
 from dagsched.sim.engine import AttemptRecord, Simulator
+from dagsched.sim.observation import observation_to_dict, observe
 from dagsched.sim.reward import TaskOutcome
 from dagsched.sim.runner import generate_workflows, make_policy
 from dagsched.sim.state import TaskRun

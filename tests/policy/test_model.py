@@ -9,11 +9,11 @@ import torch
 
 from dagsched.policy.api import SchedulerPolicy
 from dagsched.policy.batching import collate
-from dagsched.policy.features import NODE_FEATURES, observe
 from dagsched.policy.model import ActorCritic, ModelConfig, act, evaluate
 from dagsched.policy.normalizer import FeatureNormalizer
 from dagsched.policy.scheduler import GNNScheduler
 from dagsched.sim.engine import Simulator
+from dagsched.sim.observation import NODE_FEATURES, observe
 from dagsched.sim.runner import generate_workflows, make_policy, simulate
 from dagsched.sim.view import cluster_view, task_view
 from tests.sim.conftest import small_scenario

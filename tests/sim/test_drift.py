@@ -7,9 +7,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from dagsched.policy.features import NODE_FEATURES, observe
 from dagsched.sim.config import DriftConfig, FaultConfig
 from dagsched.sim.engine import Simulator
+from dagsched.sim.observation import NODE_FEATURES, observe
 from dagsched.sim.runner import generate_workflows, make_policy
 from dagsched.sim.view import cluster_view, task_view
 from tests.sim.conftest import small_scenario

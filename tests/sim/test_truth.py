@@ -112,8 +112,10 @@ def _views_until_first_end(truth: TruthConfig) -> list[str]:
         batch = sim.advance()
         if batch is None or sim.metrics.tasks_done or sim.metrics.task_failures:
             break
-        cv = cluster_view(sim)
-        seen.append(repr((cv, [task_view(t) for t in batch])))
+        # node telemetry (`used_*`) is measured use and may show the truth while tasks run;
+        # everything else a policy reads must not
+        cv = replace(cluster_view(sim), used_cores=None, used_mem=None)
+        seen.append(repr((cv, [task_view(t, sim) for t in batch])))
         decisions = policy.decide(sim, batch)
         seen.append(repr([(d.task.key, d.node, d.cpu, d.mem, d.max_retries) for d in decisions]))
         sim.apply(decisions, batch)

@@ -46,6 +46,7 @@ SIM_TYPES: dict[str, set[str]] = {
         "dagsched.sim.workflow",
         "dagsched.sim.state",
         "dagsched.sim.estimates",  # the transfer estimate every scheduler shares
+        "dagsched.sim.observation",  # the one observation module
     },
     "daemon": {
         "dagsched.sim.view",
@@ -54,6 +55,7 @@ SIM_TYPES: dict[str, set[str]] = {
         "dagsched.sim.wire",  # workflow messages <-> Workflow
         "dagsched.sim.config",  # NODE_KINDS
         "dagsched.sim.history",  # the same history arithmetic, kept in Redis
+        "dagsched.sim.observation",  # the decision log's observation records
     },
 }
 # Third-party roots that sim (pure numpy: the world, no I/O) must not import.

@@ -1,14 +1,22 @@
 """The observation: one function turns a `ClusterView` and a `TaskView` into raw features.
 
-Used by training (views built from the simulator) and by the daemon (views built from Redis),
-so a model sees the same numbers in both. Pure numpy: no torch here, so the normalizer and
-tests can use it without importing torch-geometric.
+Used by training, the Gymnasium environment (views built from the simulator), the daemon
+(views built from Redis) and `dagsched explain`, so a model sees the same numbers
+everywhere. Pure numpy: no torch here, so the normalizer, the environment and tests can use
+it without importing torch-geometric.
 
-Per cluster node (NODE_FEATURES) the features describe the node and the node *for this task*
-(speed for its type, estimated transfer, queue wait and finish time, whether its demand fits
-now), so one shared scorer can rank any number of nodes. Run-time estimates take the node's
-advertised speed times its measured slowdown (`ClusterView.slowdown`), so a node that has
-turned slow looks slow as soon as its finished tasks show it.
+Per cluster node (NODE_FEATURES) the features describe the node - what is reserved and what
+its telemetry says is really used - and the node *for this task* (speed for its type,
+estimated transfer, queue wait and finish time, whether its request fits now), so one shared
+scorer can rank any number of nodes. Run-time estimates take the node's advertised speed
+times its measured slowdown (`ClusterView.slowdown`), so a node that has turned slow looks
+slow as soon as its finished tasks show it.
+
+What history says of the task's family (`TaskView.history`: observed count, CPU use, memory
+peak and runtime ratio percentiles, OOM kills) enters as task context, with what it
+predicts: runtime, cores and memory (`sim.history.predicted_use`). The predicted request is
+also the continuous head's anchor, and the predicted finish time the finish prior's feature.
+Nothing here is hidden truth: a history comes from measured outcomes only.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from dagsched.sim.estimates import transfer_to_all_s
+from dagsched.sim.history import predicted_use
 from dagsched.sim.state import CPU_BOUNDS, MEM_BOUNDS
 from dagsched.sim.view import ClusterView, TaskView
 from dagsched.sim.workflow import TaskType, upward_rank
@@ -44,6 +53,13 @@ NODE_FEATURES: tuple[str, ...] = (
     "log_finish_s",
     "cpu_demand_frac",
     "mem_demand_frac",
+    "cpu_really_used",
+    "mem_really_used",
+    "cpu_pred_frac",
+    "mem_pred_frac",
+    "pred_fits_now",
+    "pred_mem_ok",
+    "log_pred_finish_s",
 )
 CLUSTER_FEATURES: tuple[str, ...] = (
     "load_variance",
@@ -56,6 +72,21 @@ CLUSTER_FEATURES: tuple[str, ...] = (
     "task_log_duration_s",
     "task_cpu_cores",
     "task_mem_gb",
+    "cpu_really_used_mean",
+    "mem_really_used_mean",
+    "hist_known",
+    "hist_log_count",
+    "hist_cpu_p50",
+    "hist_cpu_p90",
+    "hist_mem_p50",
+    "hist_mem_p90",
+    "hist_runtime_ratio",
+    "hist_runtime_p90",
+    "hist_log_ooms",
+    "hist_oom_limit",
+    "pred_log_runtime_s",
+    "pred_cpu_cores",
+    "pred_mem_gb",
 )
 DAG_FEATURES: tuple[str, ...] = (
     "type_cpu",
@@ -83,7 +114,7 @@ class Observation:
     dag: np.ndarray  # [n_tasks, len(DAG_FEATURES)]
     edges: np.ndarray  # [2, E] int64
     task_idx: int  # row of `dag` that is the task being placed
-    anchor: np.ndarray  # [n_nodes, 3] the task's demand per node in the action's unit space
+    anchor: np.ndarray  # [n_nodes, 3] the predicted request per node, in the action's unit space
 
 
 def observation_to_dict(o: Observation) -> dict[str, Any]:
@@ -168,8 +199,11 @@ def observe(
     """Raw features for placing `task` on `cluster`; `dag` is the task's `dag_features` when
     the caller has them already."""
     spec = task.workflow.tasks[task.idx]
+    h = task.history
     alive = cluster.alive.astype(bool)
+    n = cluster.n
     inv_c = 1.0 / cluster.cores
+    inv_m = 1.0 / cluster.mem_gb
     cpu_used = 1.0 - cluster.free_cores * inv_c
     cpu_f, mem_f = demand_fractions(cluster, spec.cpu_cores, spec.mem_gb)
     res_c, res_m = cpu_f * cluster.cores, mem_f * cluster.mem_gb
@@ -183,16 +217,29 @@ def observe(
         & (cluster.queue_len == 0)
     )
     wait = cluster.queued_core_s * inv_c + np.where(fits, 0.0, compute.mean())
+    # what history predicts: the request it would make, and the runtime
+    p_cores, p_mem, p_rt = predicted_use(spec.cpu_cores, spec.mem_gb, h)
+    p_cpu_f, p_mem_f = demand_fractions(cluster, p_cores, p_mem)
+    p_res_c, p_res_m = p_cpu_f * cluster.cores, p_mem_f * cluster.mem_gb
+    p_compute = spec.duration_s * p_rt / speed * cluster.slowdown
+    p_fits = (
+        (cluster.free_cores >= p_res_c - 1e-9)
+        & (cluster.free_mem >= p_res_m - 1e-9)
+        & (cluster.queue_len == 0)
+    )
+    p_wait = cluster.queued_core_s * inv_c + np.where(p_fits, 0.0, p_compute.mean())
+    used_c = cluster.used_cores * inv_c if cluster.used_cores is not None else np.zeros(n)
+    used_m = cluster.used_mem * inv_m if cluster.used_mem is not None else np.zeros(n)
     top_gpu = float(cluster.gpu_mem_gb.max())
     nodes = np.stack(
         [
             cpu_used,
-            cluster.free_mem / cluster.mem_gb,
+            cluster.free_mem * inv_m,
             cluster.queue_len,
             cluster.queued_core_s * inv_c,
             cluster.net_in_bytes / GB,
             cluster.failure_rate,
-            cluster.gpu_mem_gb / top_gpu if top_gpu > 0 else np.zeros(cluster.n),
+            cluster.gpu_mem_gb / top_gpu if top_gpu > 0 else np.zeros(n),
             (cluster.free_cores - res_c) * inv_c,
             alive.astype(float),
             speed,
@@ -200,16 +247,24 @@ def observe(
             np.log1p(transfer),
             fits.astype(float),
             (res_m >= spec.mem_gb - 1e-9).astype(float),
-            (np.arange(cluster.n) == task.prev_node).astype(float),
+            (np.arange(n) == task.prev_node).astype(float),
             np.log1p(wait + transfer + spec.cold_start_s + compute),
             cpu_f,
             mem_f,
+            used_c,
+            used_m,
+            p_cpu_f,
+            p_mem_f,
+            p_fits.astype(float),
+            (p_res_m >= p_mem - 1e-9).astype(float),
+            np.log1p(p_wait + transfer + spec.cold_start_s + p_compute),
         ],
         axis=1,
     ).astype(np.float32)
 
     used = cpu_used[alive] if alive.any() else np.zeros(1)
     queued = cluster.queued_core_s * inv_c
+    known = h is not None and h.count > 0
     cl = np.array(
         [
             float(used.var()),
@@ -222,6 +277,21 @@ def observe(
             np.log1p(spec.duration_s),
             spec.cpu_cores,
             spec.mem_gb,
+            float(used_c[alive].mean()) if alive.any() else 0.0,
+            float(used_m[alive].mean()) if alive.any() else 0.0,
+            float(known),
+            np.log1p(h.count) if h is not None else 0.0,
+            h.cpu_p50 if known and h is not None else 1.0,
+            h.cpu_p90 if known and h is not None else 1.0,
+            h.mem_p50 if known and h is not None else 1.0,
+            h.mem_p90 if known and h is not None else 1.0,
+            p_rt,
+            h.runtime_p90 if known and h is not None else 1.0,
+            np.log1p(h.ooms) if h is not None else 0.0,
+            h.oom_limit if h is not None else 0.0,
+            np.log1p(spec.duration_s * p_rt),
+            p_cores,
+            p_mem,
         ],
         dtype=np.float32,
     )
@@ -229,9 +299,9 @@ def observe(
     dag_x, edges = dag if dag is not None else dag_features(task)
     anchor = np.stack(
         [
-            (cpu_f - CPU_BOUNDS[0]) / (CPU_BOUNDS[1] - CPU_BOUNDS[0]),
-            (mem_f - MEM_BOUNDS[0]) / (MEM_BOUNDS[1] - MEM_BOUNDS[0]),
-            np.full(cluster.n, 0.5),  # 3 retries
+            (p_cpu_f - CPU_BOUNDS[0]) / (CPU_BOUNDS[1] - CPU_BOUNDS[0]),
+            (p_mem_f - MEM_BOUNDS[0]) / (MEM_BOUNDS[1] - MEM_BOUNDS[0]),
+            np.full(n, 0.5),  # 3 retries
         ],
         axis=1,
     ).astype(np.float32)
