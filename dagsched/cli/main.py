@@ -22,6 +22,7 @@ from dagsched.cli.service_cmds import (
 )
 from dagsched.cli.sim_cmds import sim_app
 from dagsched.cli.state import CliState, help_without_command
+from dagsched.cli.topics_cmds import topics_app
 from dagsched.cli.train_cmds import train_cmd
 from dagsched.registry.errors import RegistryError
 from dagsched.settings import SettingsError
@@ -77,6 +78,7 @@ app.command("learner")(learner_cmd)
 app.command("evaluator")(evaluator_cmd)
 app.command("train")(train_cmd)
 app.add_typer(models_app, name="models")
+app.add_typer(topics_app, name="topics")
 app.command("eval")(eval_cmd)
 app.command("explain")(explain_cmd)
 app.command("demo")(demo_cmd)

@@ -1,4 +1,8 @@
-"""A private `redis-server` (no persistence) for tests and benchmarks, and the default URL."""
+"""A private `redis-server` (no persistence) for tests and benchmarks, and the default URL.
+
+The executable is `redis-server` on PATH, else the one a pip package put into the environment
+(`dagsched.daemon.redis_binary`).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import subprocess
 import time
 
 from dagsched.daemon.broker import free_port
+from dagsched.daemon.redis_binary import INSTALL_HINT, find_redis_server
 
 DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
 
@@ -23,9 +28,12 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> RedisServer:
+        binary = find_redis_server()
+        if binary is None:
+            raise RuntimeError(f"no redis-server found: run `make setup`, or {INSTALL_HINT}")
         self.proc = subprocess.Popen(
             [
-                "redis-server",
+                binary,
                 "--port",
                 str(self.port),
                 "--bind",
