@@ -45,6 +45,7 @@ demo: setup
 
 bench: setup
 	$(PY) bench/sim_speed.py
+	$(PY) bench/faithful_world.py
 	$(PY) bench/aa_false_promotions.py
 	$(PY) bench/train_speed.py
 	$(PY) bench/inference_speed.py
