@@ -1,5 +1,6 @@
 """The `dagsched eval` report: the rows of `dagsched.learner.evaluate` as Markdown, CSV, JSON
-and PNG charts (grouped bars per scenario, and training curves when a history is given)."""
+and PNG charts (grouped bars per scenario, mean JCT against load per policy, and training
+curves when a history is given)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from dagsched.learner.evaluate import ROW_KEYS
 def write_report(
     out: Path, rows: list[dict[str, Any]], history: list[dict[str, float]] | None = None
 ) -> str:
-    """eval.md, eval.csv, eval.json, sla.png, jct.png (+ training.png); returns the Markdown."""
+    """eval.md, eval.csv, eval.json, sla.png, jct.png, jct_vs_load.png (when rows have two or
+    more `load:L` scenarios) (+ training.png); returns the Markdown."""
     out.mkdir(parents=True, exist_ok=True)
     with (out / "eval.csv").open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(ROW_KEYS))
@@ -33,6 +35,8 @@ def write_report(
         ("mean_jct_s", "jct.png", "mean completion time (s)"),
     ):
         _grouped_bars(out / fname, rows, metric, label)
+    if len({r["scenario"] for r in rows if r["scenario"].startswith("load:")}) >= 2:
+        _jct_vs_load(out / "jct_vs_load.png", rows)
     if history:
         _training_curves(out / "training.png", history)
     return text
@@ -61,6 +65,32 @@ def _grouped_bars(path: Path, rows: list[dict[str, Any]], metric: str, label: st
     ax.set_title(f"{label} by policy and scenario")
     ax.legend(fontsize=7, ncol=min(5, len(pols)))
     ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def _jct_vs_load(path: Path, rows: list[dict[str, Any]]) -> None:
+    """Mean JCT against load, one line per policy, from the `load:L` scenarios."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    by_policy: dict[str, list[tuple[float, float]]] = {}
+    for r in rows:
+        if r["scenario"].startswith("load:"):
+            load = float(r["scenario"].split(":", 1)[1])
+            by_policy.setdefault(r["policy"], []).append((load, r["mean_jct_s"]))
+    fig = Figure(figsize=(7, 4.5))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    for policy, pts in by_policy.items():
+        pts.sort()
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=policy)
+    ax.set_xlabel("load (share of the cluster heft_history keeps reserved)")
+    ax.set_ylabel("mean completion time (s)")
+    ax.set_title("mean JCT against load")
+    ax.set_yscale("log")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

@@ -158,6 +158,17 @@ def rollback_cmd(
     typer.echo(json.dumps(record))
 
 
+def _loads(text: str) -> list[float]:
+    """`--loads`: comma-separated numbers in (0, 2]."""
+    try:
+        out = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"--loads: not a list of numbers: {text!r}") from None
+    if not out or not all(0 < x <= 2 for x in out):
+        raise typer.BadParameter(f"--loads: each load must be in (0, 2], got {text!r}")
+    return out
+
+
 def eval_cmd(
     ctx: typer.Context,
     model: str | None = typer.Option(
@@ -176,6 +187,9 @@ def eval_cmd(
     scenarios_only: str | None = typer.Option(
         None, "--scenarios", help="Comma-separated scenario names to keep."
     ),
+    loads: str = typer.Option(
+        "0.5,0.8,0.95", "--loads", help="Comma-separated loads, one `load:L` scenario each."
+    ),
     out: Path = typer.Option(..., "--out", file_okay=False, help="Report folder."),
     as_json: bool = typer.Option(False, "--json", help="One JSON array of rows on stdout."),
 ) -> None:
@@ -187,6 +201,7 @@ def eval_cmd(
     from dagsched.registry.uri import load_model
     from dagsched.sim.runner import POLICY_NAMES
 
+    load_list = _loads(loads)  # bad flags fail before anything is opened
     settings = state(ctx).settings()
     name, sched = load_model(Registry(settings), model)
     names = (
@@ -196,7 +211,7 @@ def eval_cmd(
     )
     names = [name if p in ("champion", "model") else p for p in names]
     imported = load_wfformat_path(wfformat) if wfformat is not None else []
-    cases = scenarios(settings.sim, workflows, imported)
+    cases = scenarios(settings.sim, workflows, imported, load_list)
     if scenarios_only:
         keep = {s.strip() for s in scenarios_only.split(",")}
         cases = [c for c in cases if c.name in keep]

@@ -32,10 +32,14 @@ ROW_KEYS = (
     "cost_core_s",
     "waste_core_s",
     "workflows_failed",
+    "oom_kills",
+    "reserved_util",
+    "used_util",
     "total_reward",
     "decision_ms",
     "seeds",
 )
+DEFAULT_LOADS = (0.5, 0.8, 0.95)
 
 
 @dataclass(frozen=True)
@@ -48,10 +52,13 @@ class EvalScenario:
 
 
 def scenarios(
-    base: ScenarioConfig, n_workflows: int, wfformat: Sequence[Workflow] = ()
+    base: ScenarioConfig,
+    n_workflows: int,
+    wfformat: Sequence[Workflow] = (),
+    loads: Sequence[float] = DEFAULT_LOADS,
 ) -> list[EvalScenario]:
-    """default, one per template, load 0.5/0.8/0.95, faults x10, tight deadlines, and
-    WfFormat (if any)."""
+    """default, one per template, one per load (`load:0.5` ...), faults x10, tight deadlines,
+    and WfFormat (if any)."""
     wl = replace(base.workload, workflows=n_workflows)
     sc = replace(base, workload=wl)
     out = [EvalScenario("default", sc)]
@@ -62,7 +69,7 @@ def scenarios(
                 replace(sc, workload=replace(wl, template_share=1.0, templates=(t,))),
             )
         )
-    for load in (0.5, 0.8, 0.95):
+    for load in loads:
         out.append(EvalScenario(f"load:{load}", replace(sc, workload=replace(wl, load=load))))
     faults = FaultConfig(
         node_failure_per_hour=base.faults.node_failure_per_hour * 10 or 0.32,
@@ -138,6 +145,9 @@ def _row(policy: str, scenario: str, runs: list[dict[str, Any]]) -> dict[str, An
         "cost_core_s": mean("cost_core_s"),
         "waste_core_s": mean("waste_core_s"),
         "workflows_failed": mean("workflows_failed"),
+        "oom_kills": mean("oom_kills"),
+        "reserved_util": mean("reserved_util"),
+        "used_util": mean("used_util"),
         "total_reward": mean("total_reward"),
         "decision_ms": 1000 * sum(r["wall_s"] for r in runs) / max(1, decisions),
         "seeds": len(runs),
