@@ -435,8 +435,9 @@ class Replay:
                 mem_gb=info.mem_gb,
                 gpu_mem_gb=info.gpu_mem_gb,
                 net_gbps=info.net_gbps,
-                used_cores=sim.node_use[i][0],  # measured use, not the reservation
-                used_mem_gb=sim.node_use[i][1],
+                # measured use, not the reservation (sums of floats: clamp the rounding)
+                used_cores=max(0.0, sim.node_use[i][0]),
+                used_mem_gb=max(0.0, sim.node_use[i][1]),
                 queue_len=c.queue_len[i],
                 net_in_bytes=c.net_in_bytes(i, sim.now),
                 failure_rate=c.failure_rate(i, sim.now),
