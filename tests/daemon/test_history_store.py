@@ -4,13 +4,17 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from dagsched.daemon.redis_state import RedisState
 from dagsched.schemas.messages import NodeHeartbeatMsg, TaskFailedMsg, TaskFinishedMsg
 from dagsched.settings import Settings
 from dagsched.sim.engine import AttemptRecord, Simulator
+from dagsched.sim.history import summarize
+from dagsched.sim.observation import observe
 from dagsched.sim.runner import generate_workflows, make_policy
+from dagsched.sim.view import cluster_view, task_view
 from dagsched.sim.wire import to_message
 
 
@@ -71,3 +75,51 @@ async def test_redis_history_equals_the_simulators_for_the_same_events(
             assert b.total == pytest.approx(a.total)
             for q in (0.1, 0.5, 0.9):
                 assert b.percentile(q) == a.percentile(q), (f, name, q)
+
+
+async def test_the_daemons_observation_equals_the_simulators_history_included(
+    rstate: RedisState, settings: Settings
+) -> None:
+    """For the same events, a task observed with the daemon's history (from Redis) has the
+    same features as observed with the simulator's: history, predictions and anchor."""
+    sc = replace(
+        settings.sim,
+        cluster=settings.sim.cluster.scaled(8),
+        workload=replace(settings.sim.workload, workflows=25, size=(4, 16)),
+    )
+    wfs = generate_workflows(sc, 8)
+    sim = Simulator(sc, wfs, seed=8, keep_log=True)
+    policy = make_policy("heft_history", 8)
+    ids = [f"node-{i:04d}" for i in range(sim.cluster.n)]
+    await rstate.put_workflows([(wf.id, to_message(wf).encode()) for wf in wfs])
+    for i, info in enumerate(sim.cluster.nodes):
+        await rstate.apply_event(
+            NodeHeartbeatMsg(
+                node=ids[i],
+                at=0.0,
+                kind=info.kind,
+                zone=info.zone,
+                cores=info.cores,
+                mem_gb=info.mem_gb,
+            )
+        )
+    fed, compared = 0, 0
+    while (batch := sim.advance()) is not None:
+        assert sim.log is not None
+        for r in sim.log[fed:]:
+            await rstate.apply_event(_event(r, ids[r.node]))
+        fed = len(sim.log)
+        view = cluster_view(sim)
+        families = sorted({t.spec.family for t in batch})
+        stored = await rstate.history.stats(families)
+        for t in batch:
+            ours = observe(view, task_view(t, sim))
+            theirs = observe(
+                view, replace(task_view(t), history=summarize(stored.get(t.spec.family)))
+            )
+            np.testing.assert_array_equal(ours.cluster, theirs.cluster)
+            np.testing.assert_array_equal(ours.nodes, theirs.nodes)
+            np.testing.assert_array_equal(ours.anchor, theirs.anchor)
+            compared += task_view(t, sim).history is not None
+        sim.apply(policy.decide(sim, batch), batch)
+    assert compared > 50  # most tasks had a family history to compare

@@ -69,3 +69,19 @@ def test_smoke_inference_refuses_nan_weights(
     save_bundle(tmp_path, model, normalizer)
     with pytest.raises(BundleError, match="smoke inference"):
         load_bundle(tmp_path, "v1")
+
+
+def test_shipped_champion_beats_declared_heft_at_load_095() -> None:
+    """One held-out seed of the default scenario at load 0.95: the champion reads history,
+    declared HEFT cannot, and loses workflows to repeated OOM kills."""
+    from dataclasses import replace as _replace
+
+    from dagsched.sim.config import ScenarioConfig
+
+    sched = load_bundle(Path(__file__).resolve().parents[2] / "models" / "champion", "shipped")
+    sc = ScenarioConfig()
+    sc = _replace(sc, workload=_replace(sc.workload, load=0.95, workflows=60))
+    champ = simulate(sc, SchedulerPolicy(sched, "champion"), seed=10_000)
+    heft = simulate(sc, "heft", seed=10_000)
+    assert champ["sla_attainment"] > heft["sla_attainment"]
+    assert champ["oom_kills"] < heft["oom_kills"]

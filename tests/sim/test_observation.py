@@ -1,0 +1,81 @@
+"""The observation reads history: what a family really used moves the predictions and the
+continuous head's anchor; no history means the declared request."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from dagsched.sim.engine import Simulator
+from dagsched.sim.history import FamilySummary
+from dagsched.sim.observation import CLUSTER_FEATURES, NODE_FEATURES, observe
+from dagsched.sim.runner import generate_workflows
+from dagsched.sim.state import CPU_BOUNDS, MEM_BOUNDS
+from dagsched.sim.view import cluster_view, task_view
+from tests.sim.conftest import small_scenario
+
+C = {name: i for i, name in enumerate(CLUSTER_FEATURES)}
+N = {name: i for i, name in enumerate(NODE_FEATURES)}
+
+
+def _first_task():
+    sc = small_scenario(workflows=3)
+    sim = Simulator(sc, generate_workflows(sc, 1), seed=1)
+    batch = sim.advance()
+    assert batch is not None
+    return cluster_view(sim), task_view(batch[0], sim)
+
+
+def test_without_history_the_prediction_is_the_declaration() -> None:
+    cv, tv = _first_task()
+    assert tv.history is None
+    o = observe(cv, tv)
+    spec = tv.workflow.tasks[tv.idx]
+    assert o.cluster[C["hist_known"]] == 0.0
+    assert o.cluster[C["pred_cpu_cores"]] == pytest.approx(spec.cpu_cores)
+    assert o.cluster[C["pred_mem_gb"]] == pytest.approx(spec.mem_gb)
+    np.testing.assert_array_equal(o.nodes[:, N["cpu_pred_frac"]], o.nodes[:, N["cpu_demand_frac"]])
+
+
+def test_history_moves_the_prediction_and_the_anchor() -> None:
+    cv, tv = _first_task()
+    spec = tv.workflow.tasks[tv.idx]
+    lean = FamilySummary(count=40, cpu_p50=0.3, cpu_p90=0.4, mem_p50=0.4, mem_p90=0.5,
+                         runtime_ratio=2.0, runtime_p90=2.5, ooms=0, oom_limit=0.0)  # fmt: skip
+    o = observe(cv, replace(tv, history=lean))
+    base = observe(cv, tv)
+    assert o.cluster[C["hist_known"]] == 1.0
+    assert o.cluster[C["pred_mem_gb"]] == pytest.approx(0.5 * spec.mem_gb, rel=1e-5)
+    assert o.cluster[C["pred_cpu_cores"]] == pytest.approx(0.4 * spec.cpu_cores, rel=1e-5)
+    # the anchor (unit space) follows the predicted request, clamped to the bounds
+    mem_frac = np.clip(0.5 * spec.mem_gb / cv.mem_gb, *MEM_BOUNDS)
+    want = (mem_frac - MEM_BOUNDS[0]) / (MEM_BOUNDS[1] - MEM_BOUNDS[0])
+    np.testing.assert_allclose(o.anchor[:, 1], want, rtol=1e-5)
+    cpu_frac = np.clip(0.4 * spec.cpu_cores / cv.cores, *CPU_BOUNDS)
+    np.testing.assert_allclose(o.anchor[:, 0], (cpu_frac - 0.1) / 0.8, rtol=1e-5)
+    # a family that runs twice as long as declared finishes later everywhere
+    assert (o.nodes[:, N["log_pred_finish_s"]] > base.nodes[:, N["log_pred_finish_s"]]).all()
+    # after an OOM kill at 0.9 of its request, memory is predicted at >= 1.2 x that
+    burned = replace(lean, ooms=1, oom_limit=0.9)
+    o = observe(cv, replace(tv, history=burned))
+    assert o.cluster[C["pred_mem_gb"]] == pytest.approx(1.08 * spec.mem_gb, rel=1e-5)
+
+
+def test_measured_node_use_is_next_to_the_reservation() -> None:
+    sc = small_scenario(workflows=6, node_failure_per_hour=0, transient=0)
+    sim = Simulator(sc, generate_workflows(sc, 2), seed=2)
+    from dagsched.sim.runner import make_policy
+
+    policy = make_policy("heft", 2)
+    for _ in range(3):
+        batch = sim.advance()
+        assert batch is not None
+        sim.apply(policy.decide(sim, batch), batch)
+    batch = sim.advance()
+    assert batch is not None
+    o = observe(cluster_view(sim), task_view(batch[0], sim))
+    reserved, used = o.nodes[:, N["cpu_used"]], o.nodes[:, N["cpu_really_used"]]
+    assert (used <= reserved + 1e-6).all() and used.sum() > 0
+    assert (used < reserved - 1e-6).any()  # tasks use less than they reserve
