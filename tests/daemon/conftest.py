@@ -319,8 +319,25 @@ async def committed(settings: Settings, topic: str = "tasks") -> int:
     return sum((await committed_offsets(settings, topic)).values())
 
 
-async def read_topic(settings: Settings, topic: str) -> dict[int, list[ConsumerRecord[Any, Any]]]:
-    """Every record now on `topic`, per partition, in offset order."""
+async def read_topic(
+    settings: Settings, topic: str, at_least: int = 0, timeout: float = 30.0
+) -> dict[int, list[ConsumerRecord[Any, Any]]]:
+    """Every record on `topic` up to its end offsets, per partition in offset order; read again
+    until there are `at_least` (the broker may report an acknowledged write's end a moment
+    late)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = await _read_to_end(settings, topic, deadline)
+        if sum(map(len, got.values())) >= at_least:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {at_least} records on {topic}")
+        await asyncio.sleep(0.05)
+
+
+async def _read_to_end(
+    settings: Settings, topic: str, deadline: float
+) -> dict[int, list[ConsumerRecord[Any, Any]]]:
     c = AIOKafkaConsumer(
         bootstrap_servers=settings.kafka_bootstrap, enable_auto_commit=False, fetch_max_wait_ms=5
     )
@@ -331,12 +348,11 @@ async def read_topic(settings: Settings, topic: str) -> dict[int, list[ConsumerR
         ends = await c.end_offsets(tps)
         await c.seek_to_beginning(*tps)
         out: dict[int, list[ConsumerRecord[Any, Any]]] = defaultdict(list)
-        deadline = time.monotonic() + 30
-        while any(await c.position(tp) < ends[tp] for tp in tps):
+        while [tp for tp in tps if await c.position(tp) < ends[tp]]:
             if time.monotonic() > deadline:
                 raise AssertionError(f"timed out reading {topic}")
             for tp, recs in (await c.getmany(timeout_ms=100)).items():
-                out[tp.partition].extend(recs)
+                out[tp.partition].extend(r for r in recs if r.offset < ends[tp])
         return dict(out)
     finally:
         await c.stop()
