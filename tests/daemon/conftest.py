@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 import uuid
 from collections import defaultdict
@@ -223,10 +224,17 @@ class Scrape:
 
     def __init__(self, text: str) -> None:
         self.text = text
-        self.samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
+        families = list(text_string_to_metric_families(text))
+        self.names = {f.name for f in families}
+        self.samples = [s for f in families for s in f.samples]
 
     def value(self, name: str, **labels: str) -> float:
-        """The sum over samples named `name` whose labels include `labels` (0 when none)."""
+        """The sum over samples named `name` whose labels include `labels` (0 when none, as
+        for a labelled counter never incremented); a name the daemon does not export is an
+        error, so a typo cannot pass as 0."""
+        family = re.sub(r"_(total|count|sum|bucket|created)$", "", name)
+        if name not in self.names and family not in self.names:
+            raise KeyError(f"/metrics has no {name}")
         return sum(
             s.value
             for s in self.samples
