@@ -199,9 +199,10 @@ class SimLoop:
         if self.cfg.learn:
             action = self.judge.add(sample)
             if action is not None:
-                self._act(now, *action)
+                self.act(now, *action)
 
-    def _act(self, now: float, action: str, verdict: Any) -> None:
+    def act(self, now: float, action: str, verdict: Any) -> None:
+        """Apply an evaluator verdict ("promote", "retire", "rollback") at simulated `now`."""
         detail = verdict.to_dict()
         version = self.challenger or ""
         if action == "promote" and self.challenger is not None:

@@ -112,7 +112,8 @@ class Simulator:
         )
         # Per-attempt draws use the stdlib generator (seeded from the run's SeedSequence):
         # one numpy scalar draw costs ~15x more, and there are millions of them.
-        self._u: Callable[[], float] = random.Random(int(task_rng.integers(2**63))).random
+        self._random = random.Random(int(task_rng.integers(2**63)))
+        self._u: Callable[[], float] = self._random.random
         self.scenario = scenario
         self.cluster = Cluster(
             scenario.cluster, cluster_rng, scenario.faults.transient_task_failure
@@ -228,6 +229,9 @@ class Simulator:
             clone = copy.deepcopy(self, memo)
         finally:
             self.on_outcome, self.log = hook, log
+        # deepcopy keeps a bound builtin method as is: rebind to the copy's own generator, or
+        # the fork's rollouts would consume the real run's draws
+        clone._u = clone._random.random
         return clone, memo
 
     def summary(self) -> dict[str, Any]:

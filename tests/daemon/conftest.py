@@ -1,23 +1,31 @@
 """Real services for the daemon tests: one Tansu broker per session, a private redis-server,
-and per-test isolation by a unique topic prefix (which also prefixes Redis keys and groups)."""
+a real MLflow store per test (copied from a session template), and per-test isolation by a
+unique topic prefix (which also prefixes Redis keys and groups)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 import time
 import uuid
+from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import pytest
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.structs import ConsumerRecord
+from prometheus_client.parser import text_string_to_metric_families
 
 from dagsched.daemon.broker import TansuBroker, ensure_topics
 from dagsched.daemon.redis_state import RedisState
 from dagsched.daemon.service import Daemon
+from dagsched.registry.store import SHIPPED_CHAMPION, Registry
 from dagsched.schemas.messages import (
     NodeHeartbeatMsg,
     TaskReadyMsg,
@@ -26,6 +34,7 @@ from dagsched.schemas.messages import (
     decode,
 )
 from dagsched.settings import Settings, load_settings
+from tests.conftest import clone_mlflow_home
 
 # Tansu holds a new group member for half its session timeout: keep joins short in tests.
 FAST_GROUP = {
@@ -61,6 +70,29 @@ async def settings(broker: TansuBroker, redis_url: str, tmp_path: Path) -> Setti
     s = make_settings(broker.bootstrap, redis_url, tmp_path)
     await ensure_topics(s)
     return s
+
+
+@pytest.fixture
+def champion(settings: Settings, champion_template: Path) -> Registry:
+    """The test's own MLflow store under `settings.home`, the shipped champion as version 1:
+    a daemon started with `registry=True` serves the GNN from it."""
+    clone_mlflow_home(champion_template, settings.home)
+    return Registry(settings)
+
+
+def register_version(reg: Registry, data: str) -> str:
+    """A new version made of the shipped champion's files (no alias moves); its number."""
+    parent = reg.alias_version("champion")
+    with reg.run(data, {}) as run:
+        return reg.register_bundle(
+            SHIPPED_CHAMPION, run.run_id, metrics={}, parent=parent, data=data
+        )
+
+
+def stored_artifact(reg: Registry, version: str, name: str) -> Path:
+    """Where the MLflow store keeps bundle file `name` of `version`."""
+    source = reg.client.get_model_version(reg.name, version).source
+    return Path(urlparse(source).path) / name
 
 
 @pytest.fixture
@@ -177,6 +209,39 @@ async def client(settings: Settings) -> AsyncIterator[Client]:
     await c.close()
 
 
+async def http_get(port: int, path: str) -> tuple[int, bytes]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    await writer.drain()
+    data = await reader.read()
+    writer.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body
+
+
+class Scrape:
+    """One `GET /metrics`, parsed."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        families = list(text_string_to_metric_families(text))
+        self.names = {f.name for f in families}
+        self.samples = [s for f in families for s in f.samples]
+
+    def value(self, name: str, **labels: str) -> float:
+        """The sum over samples named `name` whose labels include `labels` (0 when none, as
+        for a labelled counter never incremented); a name the daemon does not export is an
+        error, so a typo cannot pass as 0."""
+        family = re.sub(r"_(total|count|sum|bucket|created)$", "", name)
+        if name not in self.names and family not in self.names:
+            raise KeyError(f"/metrics has no {name}")
+        return sum(
+            s.value
+            for s in self.samples
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+        )
+
+
 class Running:
     """A daemon running in this event loop."""
 
@@ -201,6 +266,29 @@ class Running:
         self.daemon.stop()
         await asyncio.wait_for(self.task, timeout)
 
+    @property
+    def port(self) -> int:
+        """The port of its `/metrics` and `/healthz` endpoint."""
+        assert self.daemon.server is not None
+        return self.daemon.server.port
+
+    async def metrics(self) -> Scrape:
+        status, body = await http_get(self.port, "/metrics")
+        assert status == 200, status
+        return Scrape(body.decode())
+
+    async def health(self) -> dict[str, Any]:
+        _, body = await http_get(self.port, "/healthz")
+        doc: dict[str, Any] = json.loads(body)
+        return doc
+
+    async def serves(self, arm: str, version: str | None) -> bool:
+        """Whether `/healthz` names `version` as serving `arm` (it swaps between batches)."""
+        return (await self.health())["models"][arm] == version
+
+    async def until_serving(self, arm: str, version: str | None, timeout: float = 30.0) -> None:
+        await wait_for(lambda: self.serves(arm, version), timeout, f"{arm} {version} to serve")
+
 
 @pytest.fixture
 async def start_daemon(settings: Settings) -> AsyncIterator[Callable[..., Any]]:
@@ -220,8 +308,8 @@ async def start_daemon(settings: Settings) -> AsyncIterator[Callable[..., Any]]:
             await r.stop()
 
 
-async def committed(settings: Settings, topic: str = "tasks") -> int:
-    """Sum of the daemon group's committed offsets on `topic`."""
+async def committed_offsets(settings: Settings, topic: str = "tasks") -> dict[int, int]:
+    """The daemon group's committed offset per partition of `topic` (0 when none)."""
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
     await admin.start()
     try:
@@ -229,9 +317,58 @@ async def committed(settings: Settings, topic: str = "tasks") -> int:
         offs = await admin.list_consumer_group_offsets(
             settings.topic_prefix + settings.daemon.group_id, partitions=tps
         )
-        return sum(max(0, o.offset) for o in offs.values())
+        return {tp.partition: max(0, offs[tp].offset) if tp in offs else 0 for tp in tps}
     finally:
         await admin.close()
+
+
+async def committed(settings: Settings, topic: str = "tasks") -> int:
+    """Sum of the daemon group's committed offsets on `topic`."""
+    return sum((await committed_offsets(settings, topic)).values())
+
+
+async def read_topic(
+    settings: Settings, topic: str, at_least: int = 0, timeout: float = 30.0
+) -> dict[int, list[ConsumerRecord[Any, Any]]]:
+    """Every record on `topic` (at least those acknowledged before the call), per partition
+    in offset order; read again until there are `at_least` (records still being produced)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = await _read_to_end(settings, topic, deadline)
+        if sum(map(len, got.values())) >= at_least:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {at_least} records on {topic}")
+        await asyncio.sleep(0.05)
+
+
+async def _read_to_end(
+    settings: Settings, topic: str, deadline: float
+) -> dict[int, list[ConsumerRecord[Any, Any]]]:
+    c = AIOKafkaConsumer(
+        bootstrap_servers=settings.kafka_bootstrap,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        fetch_max_wait_ms=5,
+    )
+    await c.start()
+    try:
+        tps = [TopicPartition(settings.topic(topic), p) for p in range(settings.topics.partitions)]
+        c.assign(tps)
+        # Tansu may report an end inside the last batch; fetches return whole batches, so
+        # reading to it still returns every record acknowledged before this call
+        ends = await c.end_offsets(tps)
+        for tp in tps:
+            c.seek(tp, 0)  # explicit: seek_to_beginning can lose a race with the default reset
+        out: dict[int, list[ConsumerRecord[Any, Any]]] = defaultdict(list)
+        while [tp for tp in tps if await c.position(tp) < ends[tp]]:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out reading {topic}")
+            for tp, recs in (await c.getmany(timeout_ms=100)).items():
+                out[tp.partition].extend(recs)
+        return dict(out)
+    finally:
+        await c.stop()
 
 
 async def end_offsets(settings: Settings, topic: str = "tasks") -> int:

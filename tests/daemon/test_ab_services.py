@@ -32,7 +32,8 @@ def _ab_settings(settings: Settings, **evaluator: Any) -> Settings:
 async def _ab(
     s: Settings, champion: ActorCritic, challenger: ActorCritic, start_daemon: Any
 ) -> tuple[list[dict[str, Any]], Registry, str, str, Any]:
-    """Register both, serve both, replay, and return the evaluator's verdicts."""
+    """Register both (in a store that already holds the shipped champion), serve both,
+    replay, and return the evaluator's verdicts."""
     shipped = load_bundle(SHIPPED_CHAMPION, "shipped")
     reg = Registry(s)
 
@@ -42,20 +43,17 @@ async def _ab(
         with reg.run(name, {}) as run:
             return reg.register_bundle(folder, run.run_id, metrics={}, parent=None, data=name)
 
-    v1 = await asyncio.to_thread(register, champion, "a")  # the first version is champion
+    v1 = await asyncio.to_thread(register, champion, "a")
     v2 = await asyncio.to_thread(register, challenger, "b")
+    await asyncio.to_thread(reg.set_alias, CHAMPION, v1)
     await asyncio.to_thread(reg.set_alias, CHALLENGER, v2)
     verdicts: list[dict[str, Any]] = []
     stop = asyncio.Event()
     evaluator = EvaluatorService(s, verdicts.append)
     judged = asyncio.create_task(evaluator.run(stop))
     daemon = await start_daemon(s, registry=True)
-    models = daemon.daemon.models
-    await wait_for(
-        lambda: models.version("challenger") == f"v{v2}" or models._pending.get("challenger"),
-        60,
-        "both arms to load",
-    )
+    await daemon.until_serving("champion", f"v{v1}", timeout=60)
+    await daemon.until_serving("challenger", f"v{v2}", timeout=60)
     enough = asyncio.Event()  # the replay stops at the first verdict
     replay = asyncio.create_task(Replay(s, ReplayConfig(workflows=WORKFLOWS, seed=3)).run(enough))
     try:
@@ -69,7 +67,9 @@ async def _ab(
     return verdicts, reg, v1, v2, daemon
 
 
-async def test_a_a_is_not_promoted_within_its_budget(settings: Settings, start_daemon):
+async def test_a_a_is_not_promoted_within_its_budget(
+    settings: Settings, champion: Registry, start_daemon
+):
     s = _ab_settings(settings, max_samples=30)
     same = load_bundle(SHIPPED_CHAMPION, "shipped").model
     verdicts, reg, v1, v2, _ = await _ab(s, same, same, start_daemon)
@@ -78,7 +78,9 @@ async def test_a_a_is_not_promoted_within_its_budget(settings: Settings, start_d
     assert reg.alias_version(CHAMPION) == v1 and reg.alias_version(CHALLENGER) is None
 
 
-async def test_trained_challenger_beats_a_random_champion(settings: Settings, start_daemon):
+async def test_trained_challenger_beats_a_random_champion(
+    settings: Settings, champion: Registry, start_daemon
+):
     s = _ab_settings(settings)
     torch.manual_seed(7)
     random_policy = ActorCritic().eval()
@@ -86,9 +88,4 @@ async def test_trained_challenger_beats_a_random_champion(settings: Settings, st
     verdicts, reg, _v1, v2, daemon = await _ab(s, random_policy, trained, start_daemon)
     assert verdicts[0]["action"] == "promote" and verdicts[0]["version"] == v2
     assert reg.alias_version(CHAMPION) == v2
-    models = daemon.daemon.models
-    await wait_for(
-        lambda: models.version("champion") == f"v{v2}" or models._pending.get("champion"),
-        30,
-        "the daemon to serve the promoted version",
-    )
+    await daemon.until_serving("champion", f"v{v2}")  # the notice reached the daemon

@@ -25,14 +25,18 @@ from dagsched.schemas.messages import (
 from dagsched.settings import Settings
 from dagsched.sim.config import ScenarioConfig
 from dagsched.sim.observation import observation_to_dict
-from tests.daemon.conftest import Client, Running, make_settings, wait_for
+from tests.conftest import clone_mlflow_home
+from tests.daemon.conftest import Client, make_settings, wait_for
 
 
-async def test_learner_registers_a_challenger_from_the_logs(broker, redis_url, tmp_path: Path):
+async def test_learner_registers_a_challenger_from_the_logs(
+    broker, redis_url, tmp_path: Path, champion_template: Path
+):
     s: Settings = make_settings(
         broker.bootstrap, redis_url, tmp_path, **{"learner.every_n_tasks": 40}
     )
     await ensure_topics(s)
+    clone_mlflow_home(champion_template, s.home)
     reg = Registry(s)
     champion = await asyncio.to_thread(reg.ensure_champion)
     obs, nodes, units = demonstrations(
@@ -118,12 +122,12 @@ async def test_learner_registers_a_challenger_from_the_logs(broker, redis_url, t
 
 
 async def test_daemons_follow_a_promotion_and_a_rollback(
-    settings: Settings, client: Client, start_daemon, normalizer
+    settings: Settings, champion: Registry, client: Client, start_daemon, normalizer
 ):
     from dagsched.policy.bundle import save_bundle
     from dagsched.policy.model import ActorCritic
 
-    reg = Registry(settings)
+    reg = champion
     v1 = await asyncio.to_thread(reg.ensure_champion)
     folder = settings.home / "b2"
     save_bundle(folder, ActorCritic().eval(), normalizer)
@@ -131,18 +135,11 @@ async def test_daemons_follow_a_promotion_and_a_rollback(
         v2 = reg.register_bundle(folder, run.run_id, metrics={}, parent=v1, data="t")
     await client.heartbeats(4)
     daemons = [await start_daemon(registry=True) for _ in range(2)]
-    await wait_for(
-        lambda: (
-            all(d.daemon.models.version("champion") == f"v{v1}" for d in daemons)
-            or any(d.daemon.models._pending for d in daemons)
-        ),
-        30,
-        "v1 to serve",
-    )
+    for d in daemons:
+        await d.until_serving("champion", f"v{v1}")
 
     async def switch(action: str, want: str) -> float:
-        """Seconds from the alias move until every daemon has `want` loaded (it serves from
-        the next batch on)."""
+        """Seconds from the alias move until every daemon serves `want` (per /healthz)."""
         p = Promoter(reg)
         if action == "promote":
             await asyncio.to_thread(p.promote, v2, "test", "tester")
@@ -150,13 +147,10 @@ async def test_daemons_follow_a_promotion_and_a_rollback(
             await asyncio.to_thread(p.rollback, "test", "tester")
         moved = time.monotonic()
 
-        def loaded(d: Running) -> bool:
-            pending = d.daemon.models._pending.get("champion")
-            return d.daemon.models.version("champion") == want or (
-                pending is not None and pending[0] == want
-            )
+        async def everywhere() -> bool:
+            return all([await d.serves("champion", want) for d in daemons])
 
-        await wait_for(lambda: all(loaded(d) for d in daemons), 30, f"daemons to load {want}")
+        await wait_for(everywhere, 30, f"daemons to serve {want}")
         return time.monotonic() - moved
 
     assert await switch("promote", f"v{v2}") < 10

@@ -7,6 +7,7 @@ import asyncio
 import redis.asyncio as aioredis
 
 from dagsched.daemon.redis_state import RedisState, Reservation
+from dagsched.registry.store import Registry
 from dagsched.schemas.messages import NodeHeartbeatMsg
 from tests.daemon.conftest import Client, wait_for
 
@@ -62,11 +63,13 @@ async def test_concurrent_reservations_never_overcommit(settings, rstate: RedisS
 
 
 async def test_two_replicas_share_partitions_and_decide_each_task_once(
-    settings, client: Client, start_daemon, rstate: RedisState
+    settings, champion: Registry, client: Client, start_daemon, rstate: RedisState
 ):
     nodes = await client.heartbeats(3, cores=16, mem_gb=64)
-    first = await start_daemon()
-    second = await start_daemon()
+    first = await start_daemon(registry=True)
+    second = await start_daemon(registry=True)
+    for d in (first, second):
+        await d.until_serving("champion", "v1")
 
     def split() -> bool:
         a, b = first.daemon.consumer.assignment(), second.daemon.consumer.assignment()
@@ -79,8 +82,9 @@ async def test_two_replicas_share_partitions_and_decide_each_task_once(
         await client.ready(f"wf-{w}", 0)
     got = await client.wait("decisions", 24, timeout=60)
     assert len({(d.workflow_id, d.task, d.attempt) for d in got}) == 24
-    made = [first.daemon.stats["decisions"], second.daemon.stats["decisions"]]
-    assert sum(made) == 24 and min(made) > 0, made  # both replicas served
+    assert {(d.arm, d.model_version) for d in got} == {("champion", "v1")}  # both serve the GNN
+    made = [(await d.metrics()).value("dagsched_decisions_total") for d in (first, second)]
+    assert sum(made) == 24 and min(made) > 0, made  # both replicas served, each task once
     view = await rstate.cluster_view()
     assert (view.free_cores >= -1e-9).all() and (view.free_mem >= -1e-9).all()
     for node in nodes:  # what holds a reservation never exceeds the node

@@ -110,10 +110,10 @@ def test_split_matches_the_daemon_and_verdicts_move_the_versions(
     assert arms == ["challenger" if workflow_bucket(i) < 0.3 else "champion" for i in ids]
     assert 0.2 < arms.count("challenger") / len(ids) < 0.4
     verdict = Verdict("promote", "better", "rule", {})
-    loop._act(10.0, "promote", verdict)
+    loop.act(10.0, "promote", verdict)
     assert (loop.champion, loop.previous, loop.challenger) == ("v2", "v1", None)
     assert loop.judge.watch is not None and loop.judge.watch[0] == "v2"
-    loop._act(20.0, "rollback", Verdict("retire", "guardrail", "rule", {}))
+    loop.act(20.0, "rollback", Verdict("retire", "guardrail", "rule", {}))
     assert (loop.champion, loop.previous) == ("v1", None)
     assert [(e.kind, e.version, e.champion) for e in loop.events] == [
         ("promote", "v2", "v2"),

@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 
 from dagsched.policy.api import SchedulerPolicy
-from dagsched.policy.bundle import BundleError, load_bundle, save_bundle
+from dagsched.policy.bundle import BundleError, load_bundle, save_bundle, verify_checksums
 from dagsched.policy.model import ActorCritic
 from dagsched.policy.normalizer import FeatureNormalizer
 from dagsched.policy.scheduler import GNNScheduler
@@ -52,10 +54,19 @@ def test_other_features_are_refused(
         load_bundle(tmp_path, "v1", expected=sums)
 
 
-def test_shipped_champion_loads() -> None:
+def test_shipped_champion_loads_its_own_trained_weights() -> None:
     shipped = Path(__file__).resolve().parents[2] / "models" / "champion"
+    assert verify_checksums(shipped) == json.loads((shipped / "checksums.json").read_text())
     sched = load_bundle(shipped, "shipped")
-    assert sched.version == "shipped"
+    stored = torch.load(shipped / "state_dict.pt", map_location="cpu", weights_only=True)
+    loaded = sched.model.state_dict()
+    assert loaded.keys() == stored.keys()
+    assert all(torch.equal(loaded[k], stored[k]) for k in stored)
+    norm = FeatureNormalizer.load(shipped / "normalizer.joblib")
+    for group in ("nodes", "cluster", "dag"):
+        for got, want in zip(sched.normalizer.stats(group), norm.stats(group), strict=True):
+            np.testing.assert_array_equal(got, want)
+
 
 
 def test_smoke_inference_refuses_nan_weights(

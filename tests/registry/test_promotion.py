@@ -18,11 +18,14 @@ from dagsched.registry.promotion import Promoter, audit_trail
 from dagsched.registry.serving import model_channel
 from dagsched.registry.store import CHALLENGER, CHAMPION, PREVIOUS, Registry
 from dagsched.settings import load_settings
+from tests.conftest import clone_mlflow_home
 
 
 @pytest.fixture
-def registry(tmp_path: Path, redis_url: str) -> Registry:
-    s = load_settings(overrides={"home": tmp_path / "home", "redis_url": redis_url}, environ={})
+def registry(tmp_path: Path, redis_url: str, mlflow_template: Path) -> Registry:
+    """An empty registry in its own SQLite store (a copy of one created once per session)."""
+    home = clone_mlflow_home(mlflow_template, tmp_path / "home")
+    s = load_settings(overrides={"home": home, "redis_url": redis_url}, environ={})
     return Registry(s)
 
 

@@ -14,11 +14,14 @@ from dagsched.registry.serving import load_alias
 from dagsched.registry.store import CHAMPION, Registry
 from dagsched.registry.uri import load_model
 from dagsched.settings import load_settings
+from tests.conftest import clone_mlflow_home
 
 
 @pytest.fixture
-def registry(tmp_path: Path) -> Registry:
-    return Registry(load_settings(overrides={"home": tmp_path / "home"}))
+def registry(tmp_path: Path, mlflow_template: Path) -> Registry:
+    """An empty registry in its own SQLite store (a copy of one created once per session)."""
+    home = clone_mlflow_home(mlflow_template, tmp_path / "home")
+    return Registry(load_settings(overrides={"home": home}, environ={}))
 
 
 def _register(

@@ -1,5 +1,3 @@
-import math
-
 import numpy as np
 
 from dagsched.sim.dags import drop_edges, layer_count, layer_widths, layered_dag
@@ -27,10 +25,20 @@ def test_layer_count_formula():
     assert layer_count(10, 0.1) == 10  # capped: every middle layer keeps >= 1 task
     assert layer_count(2, 1.0) == 2
     assert layer_count(1, 1.0) == 1
+    assert layer_count(50, 0.7) == 10  # sqrt(50) = 7.07; / 0.7 = 10.1
+    assert layer_count(64, 0.3) == 26  # 8 / 0.3 = 26.7
+    assert layer_count(20, 0.3) == 14  # 4.47 / 0.3 = 14.9
+    assert layer_count(9, 0.5) == 6
+    assert layer_count(4, 0.3) == 4  # 2 / 0.3 = 6.7, capped at the size
+    assert layer_count(3, 1.0) == 3
+    # and the shape of the rule: within [3, size], fewer layers for larger alpha, more for
+    # larger workflows
+    alphas = (0.3, 0.7, 1.0, 1.5)
     for size in range(3, 80):
-        for alpha in (0.3, 0.7, 1.0, 1.5):
-            expect = min(size, max(3, math.floor(math.sqrt(size) / alpha)))
-            assert layer_count(size, alpha) == expect
+        counts = [layer_count(size, a) for a in alphas]
+        assert all(3 <= c <= size for c in counts), size
+        assert counts == sorted(counts, reverse=True), size
+        assert all(layer_count(size + 1, a) >= c for a, c in zip(alphas, counts, strict=True))
 
 
 def test_layer_widths_hit_exact_size():

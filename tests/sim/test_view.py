@@ -1,29 +1,45 @@
-"""ClusterView's batch copy: later tasks of a batch see the earlier placements."""
+"""ClusterView's batch copy: later tasks of a batch see the earlier placements, as the
+simulator itself will."""
 
 from __future__ import annotations
 
+import pytest
+
 from dagsched.sim.engine import Simulator
-from dagsched.sim.runner import generate_workflows
+from dagsched.sim.state import Decision
 from dagsched.sim.view import cluster_view, task_view
+from dagsched.sim.workflow import TaskSpec, TaskType, Workflow
 from tests.sim.conftest import small_scenario
 
 
 def test_take_reserves_where_it_fits_and_queues_where_it_does_not() -> None:
-    sc = small_scenario(nodes=4, workflows=2)
-    sim = Simulator(sc, generate_workflows(sc, 0), seed=0)
+    sc = small_scenario(nodes=4, workflows=1, node_failure_per_hour=0.0, transient=0.0)
+    spec = TaskSpec("t", TaskType.CPU, duration_s=100.0, cpu_cores=2.0, mem_gb=4.0)
+    wf = Workflow.build("w", [spec, spec, spec], [], deadline_s=1000.0)  # three entry tasks
+    sim = Simulator(sc, [wf], seed=0)
     batch = sim.advance()
-    assert batch is not None
-    tv = task_view(batch[0])
-    spec = tv.workflow.tasks[tv.idx]
+    assert batch is not None and len(batch) == 3
     cv = cluster_view(sim)
+    # a hand-worked case on node 0: a CPU node of 32 cores and 128 GB, 1.5x speed on CPU tasks
+    assert (cv.cores[0], cv.mem_gb[0], cv.speed[0, int(TaskType.CPU)]) == (32, 128, 1.5)
     view = cv.batch_copy()
-    view.take(tv, 0, 0.5, 0.25)
-    assert view.free_cores[0] == cv.cores[0] * 0.5
-    assert view.free_mem[0] == cv.mem_gb[0] * 0.75
-    view.take(tv, 0, 0.9, 0.8)  # no longer fits: it waits in node 0's queue
-    assert view.queue_len[0] == 1
-    expected = 0.9 * cv.cores[0] * spec.duration_s / cv.speed[0, int(spec.type)]
-    assert abs(view.queued_core_s[0] - expected) < 1e-9
-    view.take(tv, 0, 0.1, 0.2)  # fits, but the queue is not empty: it queues too
-    assert view.queue_len[0] == 2 and view.free_cores[0] == cv.cores[0] * 0.5
-    assert cv.queue_len[0] == 0 and cv.free_cores[0] == cv.cores[0]  # the original is intact
+    steps = [(0.5, 0.25), (0.9, 0.8), (0.1, 0.2)]
+    fits = [
+        view.take(task_view(t), 0, cpu, mem) for t, (cpu, mem) in zip(batch, steps, strict=True)
+    ]
+    # 0.5 x 32 cores and 0.25 x 128 GB fit; 0.9 x 32 no longer does, so it queues; 0.1 fits
+    # but queues too, behind it
+    assert fits == [True, False, False]
+    assert view.free_cores[0] == 16.0 and view.free_mem[0] == 96.0
+    assert view.queue_len[0] == 2
+    # queued work at the advertised speed: (0.9 + 0.1) x 32 cores x 100 s / 1.5
+    assert view.queued_core_s[0] == pytest.approx(3200 / 1.5)
+    assert cv.queue_len[0] == 0 and cv.free_cores[0] == 32  # the original is intact
+
+    # the simulator, given the same placements, ends up where the view said it would
+    for t, (cpu, mem) in zip(batch, steps, strict=True):
+        sim.place(Decision(t, 0, cpu, mem, 2))
+    c = sim.cluster
+    assert c.free_cores[0] == view.free_cores[0] and c.free_mem[0] == view.free_mem[0]
+    assert c.queue_len[0] == view.queue_len[0]
+    assert c.queued_core_s[0] == pytest.approx(view.queued_core_s[0])
