@@ -34,6 +34,9 @@ def main() -> None:
     ap.add_argument("--warm-start", default="heft_history")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--eval-workflows", type=int, default=60)
+    ap.add_argument("--lr", type=float, default=None, help="train.learning_rate")
+    ap.add_argument("--epochs", type=int, default=None, help="train.update_epochs")
+    ap.add_argument("--ent-coef", type=float, default=None, help="train.ent_coef")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     if args.minutes is None and args.updates is None:
@@ -41,9 +44,19 @@ def main() -> None:
     device = torch.device(args.device)
     scenario = ScenarioConfig()
     started = time.perf_counter()
+    overrides = {
+        k: v
+        for k, v in (
+            ("learning_rate", args.lr),
+            ("update_epochs", args.epochs),
+            ("ent_coef", args.ent_coef),
+        )
+        if v is not None
+    }
+    hp = TrainSettings(**overrides)
     result = train(
         scenario,
-        TrainSettings(),
+        hp,
         updates=args.updates,
         minutes=args.minutes,
         seed=args.seed,
@@ -61,6 +74,7 @@ def main() -> None:
         "torch": torch.__version__,
         "cpu": platform.processor() or platform.machine(),
         "seed": args.seed,
+        "hyper": hp.model_dump(),
         "updates": result.updates,
         "decisions": result.decisions,
         "train_s": round(trained_s, 1),

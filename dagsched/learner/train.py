@@ -185,6 +185,9 @@ def train(
     mean_size = float(np.mean(scenario.workload.size))
     steps = rollout_length(mean_size, hp.max_rollout)
     workers = [RolloutWorker(curriculum, seed=seed * 31 + i) for i in range(hp.num_envs)]
+    # Rollouts decide one task at a time: that runs faster on the CPU than on a GPU, and the
+    # scheduler feeds CPU tensors. The PPO update runs on `device`; the actor is synced back.
+    actor = model if device.type == "cpu" else ActorCritic(model.cfg)
     history: list[dict[str, float]] = []
     decisions = 0
     update = start_update
@@ -195,8 +198,10 @@ def train(
             curriculum.progress = update / max(1, total)
         elif minutes is not None:
             curriculum.progress = (time.perf_counter() - started) / (minutes * 60)
+        if actor is not model:
+            actor.load_state_dict(model.state_dict())
         model.eval()
-        sched = GNNScheduler(model, normalizer, "training", deterministic=False)
+        sched = GNNScheduler(actor, normalizer, "training", deterministic=False)
         b_obs: list[Observation] = []
         parts: list[dict[str, np.ndarray]] = []
         for w in workers:
