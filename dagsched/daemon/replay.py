@@ -37,7 +37,6 @@ from dagsched.schemas.messages import (
     NodeHeartbeatMsg,
     NodeUpMsg,
     TaskFailedMsg,
-    TaskFinishedMsg,
     TaskReadyMsg,
     TaskStartedMsg,
     decode,
@@ -46,14 +45,13 @@ from dagsched.settings import Settings
 from dagsched.sim.engine import Simulator
 from dagsched.sim.runner import rng_for, stream_workflows
 from dagsched.sim.state import Decision, TaskRun, TaskState
-from dagsched.sim.wire import to_message
+from dagsched.sim.wire import end_message, to_message
 from dagsched.sim.workflow import Workflow
 from dagsched.sim.workload import WorkloadGenerator
 
 log = structlog.get_logger(__name__)
 
 HEARTBEAT_S = 30.0  # simulated seconds between heartbeats of every node
-_FAILURES = {"oom", "transient", "node_down", "cancelled"}
 
 
 class ReplayError(RuntimeError):
@@ -382,18 +380,10 @@ class Replay:
                 self._started.add((key, attempt))
                 self._event(node, TaskStartedMsg(workflow_id=wf_id, task=idx, attempt=attempt,
                                                  node=node, at=r.start_s))  # fmt: skip
-            # what a node agent measures of the attempt: the only way the truth gets out
-            common: dict[str, Any] = {
-                "workflow_id": wf_id, "task": idx, "attempt": attempt, "node": node,
-                "at": r.end_s, "cpu_core_s": r.cpu_core_s, "peak_mem_gb": r.peak_mem_gb,
-                "runtime_s": r.runtime_s, "transfer_s": r.transfer_s,
-            }  # fmt: skip
             if r.outcome == "done":
                 self._done_at.setdefault(wf_id, {})[idx] = r.end_s
-                self._event(node, TaskFinishedMsg(**common))
-            else:
-                reason = r.outcome if r.outcome in _FAILURES else "transient"
-                self._event(node, TaskFailedMsg(**common, reason=reason))  # type: ignore[arg-type]
+            # what a node agent measures of the attempt: the only way the truth gets out
+            self._event(node, end_message(r, node, attempt))
         for t in list(self._queued):
             if t.state == TaskState.QUEUED:
                 continue

@@ -15,20 +15,21 @@ from dagsched.sim.history import summarize
 from dagsched.sim.observation import observe
 from dagsched.sim.runner import generate_workflows, make_policy
 from dagsched.sim.view import cluster_view, task_view
-from dagsched.sim.wire import to_message
+from dagsched.sim.wire import end_message, to_message
 
 
 def _event(r: AttemptRecord, node: str) -> TaskFinishedMsg | TaskFailedMsg:
-    """The end event a node agent reports for an attempt: what it measured."""
-    common = {
-        "workflow_id": r.wf_id, "task": r.idx, "attempt": r.attempt, "node": node,
-        "at": r.end_s, "cpu_core_s": r.cpu_core_s, "peak_mem_gb": r.peak_mem_gb,
-        "runtime_s": r.runtime_s, "transfer_s": r.transfer_s,
-    }  # fmt: skip
-    if r.outcome == "done":
-        return TaskFinishedMsg(**common)
-    reason = r.outcome if r.outcome in ("oom", "node_down", "cancelled") else "transient"
-    return TaskFailedMsg(**common, reason=reason)
+    return end_message(r, node)
+
+
+async def _heartbeats(rstate: RedisState, sim: Simulator) -> list[str]:
+    """Every node of `sim` announced to the daemon's state; returns their ids."""
+    ids = [f"node-{i:04d}" for i in range(sim.cluster.n)]
+    for i, info in enumerate(sim.cluster.nodes):
+        hb = NodeHeartbeatMsg(node=ids[i], at=0.0, kind=info.kind, zone=info.zone,  # type: ignore[arg-type]
+                              cores=info.cores, mem_gb=info.mem_gb)  # fmt: skip
+        await rstate.apply_event(hb)
+    return ids
 
 
 async def test_redis_history_equals_the_simulators_for_the_same_events(
@@ -45,18 +46,7 @@ async def test_redis_history_equals_the_simulators_for_the_same_events(
     assert sim.log is not None
     assert any(r.outcome == "oom" for r in sim.log)
     await rstate.put_workflows([(wf.id, to_message(wf).encode()) for wf in wfs])
-    ids = [f"node-{i:04d}" for i in range(sim.cluster.n)]
-    for i, info in enumerate(sim.cluster.nodes):
-        await rstate.apply_event(
-            NodeHeartbeatMsg(
-                node=ids[i],
-                at=0.0,
-                kind=info.kind,
-                zone=info.zone,
-                cores=info.cores,
-                mem_gb=info.mem_gb,
-            )
-        )
+    ids = await _heartbeats(rstate, sim)
     for r in sim.log:
         await rstate.apply_event(_event(r, ids[r.node]))
     again = _event(sim.log[-1], ids[sim.log[-1].node])
@@ -90,19 +80,8 @@ async def test_the_daemons_observation_equals_the_simulators_history_included(
     wfs = generate_workflows(sc, 8)
     sim = Simulator(sc, wfs, seed=8, keep_log=True)
     policy = make_policy("heft_history", 8)
-    ids = [f"node-{i:04d}" for i in range(sim.cluster.n)]
     await rstate.put_workflows([(wf.id, to_message(wf).encode()) for wf in wfs])
-    for i, info in enumerate(sim.cluster.nodes):
-        await rstate.apply_event(
-            NodeHeartbeatMsg(
-                node=ids[i],
-                at=0.0,
-                kind=info.kind,
-                zone=info.zone,
-                cores=info.cores,
-                mem_gb=info.mem_gb,
-            )
-        )
+    ids = await _heartbeats(rstate, sim)
     fed, compared = 0, 0
     while (batch := sim.advance()) is not None:
         assert sim.log is not None

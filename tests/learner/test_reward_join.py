@@ -13,31 +13,17 @@ from dagsched.schemas.messages import (
     DecisionLogMsg,
     DecisionMsg,
     NodeHeartbeatMsg,
-    TaskFailedMsg,
-    TaskFinishedMsg,
     TaskReadyMsg,
     TaskStartedMsg,
 )
-from dagsched.sim.engine import AttemptRecord, Simulator
+from dagsched.sim.engine import Simulator
 from dagsched.sim.observation import observation_to_dict, observe
 from dagsched.sim.reward import TaskOutcome
 from dagsched.sim.runner import generate_workflows, make_policy
 from dagsched.sim.state import TaskRun
 from dagsched.sim.view import cluster_view, task_view
-from dagsched.sim.wire import to_message
+from dagsched.sim.wire import end_message, to_message
 from tests.sim.conftest import small_scenario
-
-
-def _end(r: AttemptRecord, node: str) -> TaskFinishedMsg | TaskFailedMsg:
-    common: dict[str, Any] = {
-        "workflow_id": r.wf_id, "task": r.idx, "attempt": r.attempt, "node": node,
-        "at": r.end_s, "cpu_core_s": r.cpu_core_s, "peak_mem_gb": r.peak_mem_gb,
-        "runtime_s": r.runtime_s, "transfer_s": r.transfer_s,
-    }  # fmt: skip
-    if r.outcome == "done":
-        return TaskFinishedMsg(**common)
-    reason = r.outcome if r.outcome in ("oom", "node_down", "cancelled") else "transient"
-    return TaskFailedMsg(**common, reason=reason)
 
 
 def test_joined_reward_equals_the_simulators_attempt_by_attempt() -> None:
@@ -72,7 +58,7 @@ def test_joined_reward_equals_the_simulators_attempt_by_attempt() -> None:
         for r in sim.log[logged:]:
             emit(r.start_s, TaskStartedMsg(workflow_id=r.wf_id, task=r.idx, attempt=r.attempt,
                                            node=ids[r.node], at=r.start_s))  # fmt: skip
-            emit(r.end_s, _end(r, ids[r.node]))
+            emit(r.end_s, end_message(r, ids[r.node]))
         logged = len(sim.log)
 
     while (batch := sim.advance()) is not None:
