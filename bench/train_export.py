@@ -37,6 +37,7 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=None, help="train.learning_rate")
     ap.add_argument("--epochs", type=int, default=None, help="train.update_epochs")
     ap.add_argument("--ent-coef", type=float, default=None, help="train.ent_coef")
+    ap.add_argument("--target-kl", type=float, default=None, help="train.target_kl")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     if args.minutes is None and args.updates is None:
@@ -50,6 +51,7 @@ def main() -> None:
             ("learning_rate", args.lr),
             ("update_epochs", args.epochs),
             ("ent_coef", args.ent_coef),
+            ("target_kl", args.target_kl),
         )
         if v is not None
     }

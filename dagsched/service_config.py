@@ -61,6 +61,9 @@ class TrainSettings(_Strict):
     max_grad_norm: float = Field(default=0.5, gt=0)
     minibatch_size: int = Field(default=64, ge=1)
     update_epochs: int = Field(default=10, ge=1)
+    # stop an update's epochs once the approximate KL to the rollout policy passes this
+    # (CleanRL's target_kl); None: always run every epoch
+    target_kl: float | None = Field(default=None, gt=0)
     max_rollout: int = Field(default=2048, ge=64)
     num_envs: int = Field(default=4, ge=1)
     # initial weight of the finish-time prior on the node logits (0: the scorer alone)

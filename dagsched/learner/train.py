@@ -255,6 +255,8 @@ def _ppo_update(
     inds = np.arange(n)
     last: dict[str, Any] = {}
     for _epoch in range(hp.update_epochs):
+        if hp.target_kl is not None and last and float(last["losses/approx_kl"]) > hp.target_kl:
+            break  # the policy has moved far enough from the one that collected the data
         np.random.shuffle(inds)
         for start in range(0, n, hp.minibatch_size):
             mb = inds[start : start + hp.minibatch_size]
