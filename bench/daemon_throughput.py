@@ -500,6 +500,12 @@ async def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         bench = Bench(args, console)
         for name in args.configs:
             doc["configs"][name] = await bench.config(name, s, registered)
+    # the served path runs with the daemon's torch threads, as in a daemon process
+    threads = getattr(stack.settings.daemon, "torch_threads", 0)
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
     served_rows = []
     for n in args.served_nodes:
         with console.status(f"served path at {n} nodes"):

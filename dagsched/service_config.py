@@ -40,6 +40,10 @@ class DaemonSettings(_Strict):
     metrics_port: int = Field(default=9464, ge=0, le=65535)
     fallback_policy: str = "least_loaded"
     observation_ttl_s: int = Field(default=7 * 24 * 3600, ge=60)
+    # torch intra-op threads of a daemon process (0: torch's default, one per core). The served
+    # path is many small operations per task: on a shared 2-core host one thread ran it 5-10x
+    # faster than two (bench/daemon_throughput.py); replicas scale by processes instead.
+    torch_threads: int = Field(default=1, ge=0, le=256)
 
 
 class RegistrySettings(_Strict):
