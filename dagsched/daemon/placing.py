@@ -2,9 +2,10 @@
 
 `Placer.decide` is the daemon's decision step. Each round reads the cluster view (waiting,
 the first time, until it has caught up with the requests' job-queue time), runs the champion,
-challenger or fallback on its slice of the batch, and reserves each placement with the Lua
-decide script: a placement that no longer fits (another replica got there first) is re-planned
-on a fresh view, and the last round queues it on the node. A model that fails or breaks the
+challenger or fallback on its slice of the batch, and reserves the round's placements with one
+call of the Lua decide script (in planning order): a placement that no longer fits (another
+replica got there first) is re-planned on a fresh view, and the last round queues it on the
+node. A model that fails or breaks the
 contract is replaced by the heuristic for that batch.
 """
 
@@ -150,6 +151,8 @@ class Placer:
         ready: dict[str, set[int]] = defaultdict(set)  # ready now, as the simulator sees it
         for m, _ in pending.values():
             ready[m.workflow_id].add(m.task)
+        planned: list[tuple[tuple[str, int], str, str, int, Placement, Trace, float]] = []
+        reservations: list[tuple[Reservation, bool]] = []
         for arm, keys in sorted(by_arm.items()):
             tvs = [self._task_view(index, *pending[k], progress, ready) for k in keys]
             placements, arm, version = self._run_policy(arm, view, tvs)
@@ -188,17 +191,24 @@ class Placer:
                     decision=decision,
                     fits=fits,
                 )
-                status, winner = await self.store.decide(res, queue_if_full=queue_all or not fits)
-                if status in ("r", "q"):
-                    placed[key] = decision
-                    new.add(key)
-                    self._logs.append((key, _log_record(m, version, arm, node, p, trace, now)))
-                    self.metrics.decisions.labels(arm=arm).inc()
-                    self.stats["decisions"] += 1
-                    if arm == "fallback":
-                        self.metrics.fallback.labels(why="no_model").inc()
-                elif status == "dup" and winner is not None:
-                    placed[key] = winner  # another replica answered first: same decision
+                planned.append((key, version, arm, node, p, trace, now))
+                reservations.append((res, queue_all or not fits))
+        # the whole round's reservations in one atomic step, in the order they were planned
+        results = await self.store.decide_many(reservations)
+        for (key, version, arm, node, p, trace, now), (res, _), (status, winner) in zip(
+            planned, reservations, results, strict=True
+        ):
+            if status in ("r", "q"):
+                placed[key] = res.decision
+                new.add(key)
+                m = pending[key][0]
+                self._logs.append((key, _log_record(m, version, arm, node, p, trace, now)))
+                self.metrics.decisions.labels(arm=arm).inc()
+                self.stats["decisions"] += 1
+                if arm == "fallback":
+                    self.metrics.fallback.labels(why="no_model").inc()
+            elif status == "dup" and winner is not None:
+                placed[key] = winner  # another replica answered first: same decision
         return placed
 
     def _run_policy(

@@ -19,7 +19,9 @@ Every key starts with `{topic_prefix}dagsched:` so two stacks can share one Redi
 A decision, its reservation and its ledger entry are written by one Lua script, so two
 replicas racing on the same task converge on one decision (the loser gets the winner's), and
 two replicas racing on one node never reserve more than it has: a task that does not fit is
-queued on the node (as the executor would queue it), not over-reserved.
+queued on the node (as the executor would queue it), not over-reserved. One call of the script
+takes a whole batch round's reservations in order (one round trip per round, not per task);
+being atomic, it interleaves with another replica's call only between rounds.
 """  # noqa: E501
 
 from __future__ import annotations
@@ -51,39 +53,61 @@ from dagsched.sim.workflow import TASK_TYPE_NAMES
 DECISION_TTL_S = 7 * 24 * 3600
 WORKFLOW_TTL_S = 7 * 24 * 3600
 
-# KEYS: dec, node, ledger, nodeled, wfactive
-# ARGV: decision json, node id, cores, mem, est core-s, task idx, mode (fit|queue|force), ttl
+# All reservations of one batch round, in order, atomically (one EVALSHA per round).
+# KEYS: per entry five: dec, node, ledger, nodeled, wfactive
+# ARGV: ttl, then per entry seven: decision json, node id, cores, mem, est core-s, task idx,
+#       mode (fit | queue | force)
+# Returns per entry two: status (r | q | dup | dead | nofit) and the stored decision on dup.
+# An entry sees the earlier entries' reservations, as the planner's view did.
 DECIDE_LUA = """
-local prev = redis.call('GET', KEYS[1])
-if prev then return {'dup', prev} end
-if redis.call('HGET', KEYS[2], 'alive') ~= '1' then
-  if ARGV[7] ~= 'force' then return {'dead', ''} end
-  -- resync after an outage: keep the decision; the node is gone or not heard of yet
-  redis.call('SET', KEYS[1], ARGV[1], 'EX', tonumber(ARGV[8]))
-  redis.call('SADD', KEYS[5], ARGV[6])
-  return {'q', ''}
+local ttl = tonumber(ARGV[1])
+local out = {}
+for i = 0, #KEYS / 5 - 1 do
+  local dec, node, led = KEYS[i * 5 + 1], KEYS[i * 5 + 2], KEYS[i * 5 + 3]
+  local a = 1 + i * 7
+  local decision, mode, idx = ARGV[a + 1], ARGV[a + 7], ARGV[a + 6]
+  local status, winner = 'r', ''
+  local prev = redis.call('GET', dec)
+  if prev then
+    status, winner = 'dup', prev
+  else
+    local h = redis.call('HMGET', node, 'alive', 'free_cores', 'free_mem', 'queue_len')
+    if h[1] ~= '1' then
+      if mode == 'force' then
+        -- resync after an outage: keep the decision; the node is gone or not heard of yet
+        redis.call('SET', dec, decision, 'EX', ttl)
+        redis.call('SADD', KEYS[i * 5 + 5], idx)
+        status = 'q'
+      else
+        status = 'dead'
+      end
+    else
+      local fc, fm = tonumber(h[2]) or 0, tonumber(h[3]) or 0
+      local ql = tonumber(h[4]) or 0
+      local c, m = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
+      if ql == 0 and fc + 1e-9 >= c and fm + 1e-9 >= m then
+        redis.call('HINCRBYFLOAT', node, 'free_cores', -c)
+        redis.call('HINCRBYFLOAT', node, 'free_mem', -m)
+      elseif mode == 'fit' then
+        status = 'nofit'
+      else
+        redis.call('HINCRBY', node, 'queue_len', 1)
+        redis.call('HINCRBYFLOAT', node, 'queued_core_s', ARGV[a + 5])
+        status = 'q'
+      end
+      if status ~= 'nofit' then
+        redis.call('SET', dec, decision, 'EX', ttl)
+        redis.call('HSET', led, 'node', ARGV[a + 2], 'cores', ARGV[a + 3], 'mem', ARGV[a + 4],
+                   'core_s', ARGV[a + 5], 'state', status)
+        redis.call('SADD', KEYS[i * 5 + 4], led)
+        redis.call('SADD', KEYS[i * 5 + 5], idx)
+      end
+    end
+  end
+  out[#out + 1] = status
+  out[#out + 1] = winner
 end
-local fc = tonumber(redis.call('HGET', KEYS[2], 'free_cores') or '0')
-local fm = tonumber(redis.call('HGET', KEYS[2], 'free_mem') or '0')
-local ql = tonumber(redis.call('HGET', KEYS[2], 'queue_len') or '0')
-local c = tonumber(ARGV[3])
-local m = tonumber(ARGV[4])
-local state = 'r'
-if ql == 0 and fc + 1e-9 >= c and fm + 1e-9 >= m then
-  redis.call('HINCRBYFLOAT', KEYS[2], 'free_cores', -c)
-  redis.call('HINCRBYFLOAT', KEYS[2], 'free_mem', -m)
-else
-  if ARGV[7] == 'fit' then return {'nofit', ''} end
-  redis.call('HINCRBY', KEYS[2], 'queue_len', 1)
-  redis.call('HINCRBYFLOAT', KEYS[2], 'queued_core_s', ARGV[5])
-  state = 'q'
-end
-redis.call('SET', KEYS[1], ARGV[1], 'EX', tonumber(ARGV[8]))
-redis.call('HSET', KEYS[3], 'node', ARGV[2], 'cores', ARGV[3], 'mem', ARGV[4],
-           'core_s', ARGV[5], 'state', state)
-redis.call('SADD', KEYS[4], KEYS[3])
-redis.call('SADD', KEYS[5], ARGV[6])
-return {state, ''}
+return out
 """
 
 # KEYS: ledger, node hash, nodeled. ARGV: 'start' | 'end'
@@ -209,30 +233,37 @@ class RedisState:
         replica stored one first, ("dead", None) or ("nofit", None) when it must be re-planned.
         `force` (resync after an outage) stores the decision even on a dead or unknown node.
         """
-        wf_id = r.task_key.rsplit("/", 1)[0]
-        idx = r.task_key.rsplit("/", 1)[1]
-        led = self.key("led", f"{r.task_key}:{r.attempt}")
-        res = await self._decide(
-            keys=[
-                self.key("dec", f"{r.task_key}:{r.attempt}"),
+        mode = "force" if force else "queue" if queue_if_full else "fit"
+        return (await self.decide_many([(r, mode)]))[0]
+
+    async def decide_many(
+        self, items: Sequence[tuple[Reservation, str]]
+    ) -> list[tuple[str, bytes | None]]:
+        """`decide` for a whole round in one atomic script call, in order: each entry sees the
+        reservations of the entries before it. `items` pairs a reservation with its mode,
+        "fit" (re-plan when it does not fit), "queue" (queue it then) or "force"."""
+        if not items:
+            return []
+        keys: list[str] = []
+        args: list[Any] = [DECISION_TTL_S]
+        for r, mode in items:
+            wf_id, idx = r.task_key.rsplit("/", 1)
+            attempt_key = f"{r.task_key}:{r.attempt}"
+            keys += [
+                self.key("dec", attempt_key),
                 self.key("node", r.node),
-                led,
+                self.key("led", attempt_key),
                 self.key("nodeled", r.node),
                 self.key("wfactive", wf_id),
-            ],
-            args=[
-                r.decision,
-                r.node,
-                repr(r.cores),
-                repr(r.mem),
-                repr(r.core_s),
-                idx,
-                "force" if force else "queue" if queue_if_full else "fit",
-                DECISION_TTL_S,
-            ],
-        )
-        status = res[0].decode() if isinstance(res[0], bytes) else str(res[0])
-        return status, (res[1] if status == "dup" else None)
+            ]
+            args += [r.decision, r.node, repr(r.cores), repr(r.mem), repr(r.core_s), idx, mode]
+        res = await self._decide(keys=keys, args=args)
+        out: list[tuple[str, bytes | None]] = []
+        for i in range(0, len(res), 2):
+            status = _str(res[i])
+            winner = res[i + 1]
+            out.append((status, _bytes(winner) if status == "dup" else None))
+        return out
 
     # -- workflows ----------------------------------------------------------------------------
 
@@ -372,6 +403,10 @@ class RedisState:
 
 def _str(x: bytes | str) -> str:
     return x.decode() if isinstance(x, bytes) else x
+
+
+def _bytes(x: bytes | str) -> bytes:
+    return x.encode() if isinstance(x, str) else x
 
 
 def _bytes_list(xs: Sequence[bytes | str | None]) -> list[bytes | None]:
