@@ -9,7 +9,8 @@ Every key starts with `{topic_prefix}dagsched:` so two stacks can share one Redi
 | `led:{wf}/{task}:{attempt}` | hash | one placement: node, cores, mem, est. core-s, state `r` (holds a reservation) or `q` (waits in the node's queue) |
 | `nodeled:{id}` | set | ledger keys on a node (dropped when it goes down) |
 | `dec:{wf}/{task}:{attempt}` | string | the decision's JSON, written once (SET NX semantics) |
-| `obs:{wf}/{task}:{attempt}` | string | its decision-log JSON (observation, action), with a TTL |
+| `declog:keys`, `declog:recs` | streams | the decision log: per policy call, the keys of its new decisions, and its `decision_batch` record (zlib), under the same stream id; capped by `daemon.decision_log_max_mb` and `observation_ttl_s` |
+| `obs:{wf}/{task}:{attempt}` | string | a decision's whole `decision_log` (observation, action): written before issue 13, still read |
 | `wf:{id}` | string | the workflow message JSON |
 | `wfdone:{id}`, `wfactive:{id}` | sets | task indices done / decided and not done |
 | `wfnode:{id}` | hash | task index -> node id of its latest started attempt |
@@ -26,6 +27,7 @@ being atomic, it interleaves with another replica's call only between rounds.
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -158,6 +160,28 @@ return 1
 """
 
 
+# The decision log: per record, the same id in both streams (the small one is what
+# `dagsched explain` searches). KEYS: keys stream, records stream.
+# ARGV: maxlen (entries), ttl (s), then per record: its keys (space-separated), the record.
+LOG_LUA = """
+local maxlen, ttl = tonumber(ARGV[1]), tonumber(ARGV[2])
+for i = 3, #ARGV, 2 do
+  local id = redis.call('XADD', KEYS[1], '*', 'k', ARGV[i])
+  redis.pcall('XADD', KEYS[2], id, 'r', ARGV[i + 1])
+end
+local t = redis.call('TIME')
+local oldest = (tonumber(t[1]) - ttl) * 1000
+for _, key in ipairs(KEYS) do
+  redis.call('XTRIM', key, 'MAXLEN', maxlen)
+  if oldest > 0 then redis.call('XTRIM', key, 'MINID', oldest) end
+  redis.call('EXPIRE', key, ttl)
+end
+return 1
+"""
+LOG_ENTRY_OVERHEAD = 64  # first guess of what an entry costs beyond its values; then measured
+LOG_CALIBRATE_EVERY = 64  # writes between measurements of what an entry really costs
+
+
 def connect(url: str, timeout_s: float = 1.0) -> aioredis.Redis:
     """An asyncio Redis client that fails fast (the daemon degrades instead of waiting)."""
     return aioredis.from_url(
@@ -194,6 +218,9 @@ class RedisState:
         self._ledger = redis.register_script(LEDGER_LUA)
         self._reset = redis.register_script(RESET_NODE_LUA)
         self._clock = redis.register_script(_MAX_CLOCK_LUA)
+        self._log = redis.register_script(LOG_LUA)
+        self._log_entry_bytes = 0.0  # what one decision-log entry costs in Redis, both streams
+        self._log_writes = 0
         self.history = RedisHistory(redis, self.key, settings.sim.cluster.speed)
 
     def key(self, *parts: str) -> str:
@@ -201,20 +228,36 @@ class RedisState:
 
     # -- decision logs (what each decision was made from) --------------------------------------
 
-    async def put_decision_logs(self, logs: Sequence[tuple[str, int, bytes]]) -> None:
-        """Keep each new decision's log record (observation, action) for `dagsched explain`."""
-        if not logs:
+    async def put_decision_logs(self, logs: Sequence[tuple[Sequence[str], bytes]]) -> None:
+        """Keep new decision-log records (keys of their new decisions, `decision_batch` bytes)
+        for `dagsched explain`, in one script call that also trims the log to its caps: the
+        oldest records go once the log would pass `daemon.decision_log_max_mb`, or once they
+        are older than `daemon.observation_ttl_s`."""
+        cap = self.settings.daemon.decision_log_max_mb * 2**20
+        if not logs or cap <= 0:
             return
+        args: list[Any] = []
+        for keys, raw in logs:
+            packed = zlib.compress(raw, 1)
+            joined = " ".join(keys)
+            args += [joined, packed]
+            if self._log_entry_bytes == 0:
+                self._log_entry_bytes = len(packed) + len(joined) + 2 * LOG_ENTRY_OVERHEAD
+        maxlen = max(1, int(cap / self._log_entry_bytes))
         ttl = self.settings.daemon.observation_ttl_s
-        pipe = self.redis.pipeline(transaction=False)
-        for task_key, attempt, raw in logs:
-            pipe.set(self.key("obs", f"{task_key}:{attempt}"), raw, ex=ttl)
-        await pipe.execute()
-
-    async def decision_log(self, task_key: str, attempt: int) -> bytes | None:
-        """The stored log record of one decision, or None."""
-        raw = await self.redis.get(self.key("obs", f"{task_key}:{attempt}"))
-        return raw if isinstance(raw, bytes) or raw is None else str(raw).encode()
+        streams = [self.key("declog", "keys"), self.key("declog", "recs")]
+        await self._log(keys=streams, args=[maxlen, ttl, *args])
+        self._log_writes += 1
+        if self._log_writes % LOG_CALIBRATE_EVERY == 0:
+            # what an entry really costs (listpack nodes, allocator classes): the cap holds
+            # only if the entry count is set from that, not from the payload alone
+            pipe = self.redis.pipeline(transaction=False)
+            for k in streams:
+                pipe.memory_usage(k)
+            pipe.xlen(streams[0])
+            used_k, used_r, n = await pipe.execute()
+            if n:
+                self._log_entry_bytes = ((used_k or 0) + (used_r or 0)) / n
 
     # -- decisions ----------------------------------------------------------------------------
 
