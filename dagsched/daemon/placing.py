@@ -93,8 +93,9 @@ class Placer:
             view = await self._fresh_view(at, wait=round_ == 0)
             if view is None or view.n == 0 or not view.alive.any():
                 raise Hold("no alive node known")
+            # where workflows stand feeds the models' task views; the heuristic needs none
             progress = await self.store.progress(
-                sorted({m.workflow_id for m, _ in pending.values()})
+                sorted({m.workflow_id for k, (m, _) in pending.items() if self._model_arm(k)})
             )
             last = round_ == PLACE_ROUNDS - 1
             placed = await self._place_round(
@@ -155,7 +156,11 @@ class Placer:
         calls: list[PolicyCall] = []
         finish: dict[str, tuple[list[float], float]] = {}  # per workflow, once per round
         for arm, keys in sorted(by_arm.items()):
-            tvs = [self._task_view(index, *pending[k], progress, ready, finish) for k in keys]
+            model = arm != "fallback"  # the heuristic reads no sub-deadline: not computed
+            tvs = [
+                self._task_view(index, *pending[k], progress, ready, finish if model else None)
+                for k in keys
+            ]
             placements, arm, version = self._run_policy(arm, view, tvs)
             now = time.time()
             call = PolicyCall(arm, version, now, self._last_view)
@@ -164,8 +169,8 @@ class Placer:
                 m, wf = pending[key]
                 spec = wf.tasks[tv.idx]
                 node = int(p.node)
-                cpu = float(np.clip(p.cpu, *CPU_BOUNDS))
-                mem = float(np.clip(p.mem, *MEM_BOUNDS))
+                cpu = min(max(float(p.cpu), CPU_BOUNDS[0]), CPU_BOUNDS[1])
+                mem = min(max(float(p.mem), MEM_BOUNDS[0]), MEM_BOUNDS[1])
                 cores, mem_gb = cpu * view.cores[node], mem * view.mem_gb[node]
                 fits = view.take(tv, node, cpu, mem)
                 decision = DecisionMsg(
@@ -175,7 +180,7 @@ class Placer:
                     node=view.node_ids[node],
                     cpu=cpu,
                     mem=mem,
-                    max_retries=int(np.clip(round(p.max_retries), *RETRY_BOUNDS)),
+                    max_retries=min(max(round(p.max_retries), RETRY_BOUNDS[0]), RETRY_BOUNDS[1]),
                     model_version=version,
                     arm=arm,  # type: ignore[arg-type]
                     log_prob=min(0.0, p.log_prob) if math.isfinite(p.log_prob) else 0.0,
@@ -213,6 +218,9 @@ class Placer:
         self._logs += [r for c in calls if (r := c.record()) is not None]
         return placed
 
+    def _model_arm(self, key: tuple[str, int]) -> bool:
+        return self.models.pick(*key) != "fallback"
+
     def _run_policy(
         self, arm: str, view: ClusterView, tvs: list[TaskView]
     ) -> tuple[list[Placement], str, str]:
@@ -239,19 +247,23 @@ class Placer:
         wf: Workflow,
         progress: dict[str, Progress],
         ready: dict[str, set[int]],
-        finish: dict[str, tuple[list[float], float]],
+        finish: dict[str, tuple[list[float], float]] | None,
     ) -> TaskView:
         """The task as the model was trained to see it: active = decided and not done, or
-        ready in this batch. `finish` caches each workflow's downward finish times."""
+        ready in this batch. `finish` caches each workflow's downward finish times (None: for
+        the heuristic, which reads no sub-deadline; it is then 0)."""
         done_set, active_set, nodes = progress.get(m.workflow_id, (set(), set(), {}))
         done = np.zeros(wf.size, dtype=bool)
         done[[i for i in done_set if i < wf.size]] = True
         active = np.zeros(wf.size, dtype=bool)
         active[[i for i in active_set | ready[m.workflow_id] if i < wf.size]] = True
-        if m.workflow_id not in finish:
-            f = downward_finish_s(wf)
-            finish[m.workflow_id] = (f, max(f) or 1.0)
-        down, cp = finish[m.workflow_id]
+        sub_deadline_s = 0.0
+        if finish is not None:
+            if m.workflow_id not in finish:
+                f = downward_finish_s(wf)
+                finish[m.workflow_id] = (f, max(f) or 1.0)
+            down, cp = finish[m.workflow_id]
+            sub_deadline_s = wf.arrival_s + wf.deadline_s * down[m.task] / cp
         return TaskView(
             workflow=wf,
             idx=m.task,
@@ -260,7 +272,7 @@ class Placer:
             active=active,
             parent_nodes=[index.get(nodes.get(p, ""), -1) for p in wf.parents[m.task]],
             prev_node=index.get(nodes.get(m.task, ""), -1) if m.attempt > 0 else -1,
-            sub_deadline_s=wf.arrival_s + wf.deadline_s * down[m.task] / cp,
+            sub_deadline_s=sub_deadline_s,
         )
 
 

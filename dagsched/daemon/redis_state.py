@@ -178,6 +178,42 @@ for _, key in ipairs(KEYS) do
 end
 return 1
 """
+# The cluster view in one round trip and one reply string (not ~40 bulk strings per node, which
+# the client parses one by one). KEYS: nodes set, clock. ARGV: node key prefix, then fields.
+# Returns {rows "id\tv1\tv2...\n..." sorted by id (missing fields empty), clock}.
+VIEW_LUA = r"""
+local ids = redis.call('SMEMBERS', KEYS[1])
+table.sort(ids)
+local fields = {unpack(ARGV, 2)}
+local rows = {}
+for i, id in ipairs(ids) do
+  local v = redis.call('HMGET', ARGV[1] .. id, unpack(fields))
+  for j = 1, #fields do v[j] = v[j] or '' end
+  rows[i] = id .. '\t' .. table.concat(v, '\t')
+end
+return {table.concat(rows, '\n'), redis.call('GET', KEYS[2]) or '0'}
+"""
+VIEW_FIELDS = (
+    "kind", "zone", "cores", "mem_gb", "gpu_mem_gb", "net_gbps", "alive", "free_cores",
+    "free_mem", "queue_len", "queued_core_s", "net_in_bytes", "failure_rate", "slowdown",
+)  # fmt: skip
+
+# Where workflows stand, in one round trip. ARGV: key prefix, then workflow ids. Returns per
+# workflow three strings: done indices "1,2", active ones, and task nodes "0=n1,3=n2".
+PROGRESS_LUA = """
+local out = {}
+for i = 2, #ARGV do
+  local id = ARGV[i]
+  out[#out + 1] = table.concat(redis.call('SMEMBERS', ARGV[1] .. 'wfdone:' .. id), ',')
+  out[#out + 1] = table.concat(redis.call('SMEMBERS', ARGV[1] .. 'wfactive:' .. id), ',')
+  local h = redis.call('HGETALL', ARGV[1] .. 'wfnode:' .. id)
+  local pairs_ = {}
+  for j = 1, #h, 2 do pairs_[#pairs_ + 1] = h[j] .. '=' .. h[j + 1] end
+  out[#out + 1] = table.concat(pairs_, ',')
+end
+return out
+"""
+
 LOG_ENTRY_OVERHEAD = 64  # first guess of what an entry costs beyond its values; then measured
 LOG_CALIBRATE_EVERY = 64  # writes between measurements of what an entry really costs
 
@@ -219,6 +255,8 @@ class RedisState:
         self._reset = redis.register_script(RESET_NODE_LUA)
         self._clock = redis.register_script(_MAX_CLOCK_LUA)
         self._log = redis.register_script(LOG_LUA)
+        self._view = redis.register_script(VIEW_LUA)
+        self._progress = redis.register_script(PROGRESS_LUA)
         self._log_entry_bytes = 0.0  # what one decision-log entry costs in Redis, both streams
         self._log_writes = 0
         self.history = RedisHistory(redis, self.key, settings.sim.cluster.speed)
@@ -328,34 +366,34 @@ class RedisState:
         self, ids: Sequence[str]
     ) -> dict[str, tuple[set[int], set[int], dict[int, str]]]:
         """Per workflow: done task indices, active ones, and the node each task last ran on."""
-        pipe = self.redis.pipeline(transaction=False)
-        for wf_id in ids:
-            pipe.smembers(self.key("wfdone", wf_id))
-            pipe.smembers(self.key("wfactive", wf_id))
-            pipe.hgetall(self.key("wfnode", wf_id))
-        res = await pipe.execute()
+        if not ids:
+            return {}
+        res = await self._progress(args=[self.prefix, *ids])
         out = {}
         for i, wf_id in enumerate(ids):
-            done, active, nodes = res[3 * i : 3 * i + 3]
+            done, active, nodes = (_str(x) for x in res[3 * i : 3 * i + 3])
             out[wf_id] = (
-                {int(x) for x in done},
-                {int(x) for x in active},
-                {int(k): _str(v) for k, v in nodes.items()},
+                {int(x) for x in done.split(",") if x},
+                {int(x) for x in active.split(",") if x},
+                {int(k): v for k, _, v in (kv.partition("=") for kv in nodes.split(",") if kv)},
             )
         return out
 
     # -- nodes --------------------------------------------------------------------------------
 
     async def cluster_view(self) -> ClusterView:
-        """Every known node, sorted by id, as the view a scheduler sees."""
-        ids = sorted(_str(x) for x in await self.redis.smembers(self.key("nodes")))
-        pipe = self.redis.pipeline(transaction=False)
-        for node in ids:
-            pipe.hgetall(self.key("node", node))
-        pipe.get(self.key("clock"))
-        res = await pipe.execute()
-        rows = [{k.decode(): v.decode() for k, v in h.items()} for h in res[:-1]]
-        return build_view(ids, rows, float(res[-1] or 0.0), self.settings.sim.cluster.speed)
+        """Every known node, sorted by id, as the view a scheduler sees (one script call)."""
+        text, clock = await self._view(
+            keys=[self.key("nodes"), self.key("clock")],
+            args=[self.key("node", ""), *VIEW_FIELDS],
+        )
+        ids: list[str] = []
+        rows: list[dict[str, str]] = []
+        for line in _str(text).split("\n") if text else []:
+            node, *values = line.split("\t")
+            ids.append(node)
+            rows.append({k: v for k, v in zip(VIEW_FIELDS, values, strict=True) if v})
+        return build_view(ids, rows, float(clock or 0.0), self.settings.sim.cluster.speed)
 
     async def clock(self) -> float:
         """The job-queue clock: the latest event time applied (0 before any)."""

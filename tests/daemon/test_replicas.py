@@ -144,3 +144,20 @@ async def test_heartbeat_telemetry_reaches_the_view(rstate: RedisState):
     assert view.node_ids == ["n1", "n2"]
     assert view.slowdown.tolist() == [1.0, 2.5]
     assert view.failure_rate.tolist() == [0.0, 0.5]
+
+
+async def test_workflow_progress_reads_done_active_and_task_nodes(rstate: RedisState):
+    from dagsched.schemas.messages import TaskFinishedMsg, TaskStartedMsg
+
+    await _node(rstate, "n1", cores=8, mem=64)
+    await rstate.decide_many([(_res(f"wf-p/{t}", "n1", 1.0, b"d"), "queue") for t in (0, 1, 2)])
+    for t in (0, 1):
+        await rstate.apply_event(
+            TaskStartedMsg(workflow_id="wf-p", task=t, attempt=0, node="n1", at=1.0)
+        )
+    await rstate.apply_event(
+        TaskFinishedMsg(workflow_id="wf-p", task=0, attempt=0, node="n1", at=2.0)
+    )
+    got = await rstate.workflow_progress(["wf-p", "wf-unknown"])
+    assert got["wf-p"] == ({0}, {1, 2}, {0: "n1", 1: "n1"})
+    assert got["wf-unknown"] == (set(), set(), {})
