@@ -40,6 +40,14 @@ class DaemonSettings(_Strict):
     metrics_port: int = Field(default=9464, ge=0, le=65535)
     fallback_policy: str = "least_loaded"
     observation_ttl_s: int = Field(default=7 * 24 * 3600, ge=60)
+    # cap on the decision log kept in Redis for `dagsched explain` (two streams, trimmed to it
+    # at every write, oldest first; also trimmed to observation_ttl_s). 0: keep none in Redis
+    # (the dagsched.decisionlog topic still carries every record)
+    decision_log_max_mb: float = Field(default=1024.0, ge=0, le=1_000_000)
+    # torch intra-op threads of a daemon process (0: torch's default, one per core). The served
+    # path is many small operations per task: on a shared 2-core host one thread ran it 5-10x
+    # faster than two (bench/daemon_throughput.py); replicas scale by processes instead.
+    torch_threads: int = Field(default=1, ge=0, le=256)
 
 
 class RegistrySettings(_Strict):

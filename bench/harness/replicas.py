@@ -120,10 +120,16 @@ def replica_env(index: int, settings: Settings, torch_threads: int | None) -> di
 
 
 async def start_replica(
-    index: int, settings: Settings, logs: Path, torch_threads: int | None
+    index: int,
+    settings: Settings,
+    logs: Path,
+    torch_threads: int | None,
+    extra_args: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
 ) -> Replica:
-    """Start replica `index` as `python -m dagsched.cli.main daemon`; its JSON log lines
-    (stderr) are read into the `Replica` and copied to `logs/daemon-{index}.log`."""
+    """Start replica `index` as `python -m dagsched.cli.main daemon [extra_args]`; its JSON
+    log lines (stderr) are read into the `Replica` and copied to `logs/daemon-{index}.log`.
+    `env` adds variables (e.g. `DAGSCHED_DAEMON__GRACE_S`) to `replica_env`'s."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -131,8 +137,9 @@ async def start_replica(
         "daemon",
         "--metrics-port",
         "0",
+        *extra_args,
         cwd=str(REPO),
-        env=replica_env(index, settings, torch_threads),
+        env={**replica_env(index, settings, torch_threads), **(env or {})},
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,

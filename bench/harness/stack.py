@@ -37,19 +37,21 @@ async def local_stack(
     keep_home: bool = False,
     say: Callable[[str], Any] = print,
     overrides: dict[str, Any] | None = None,
+    private_redis: bool = False,
 ) -> AsyncIterator[Stack]:
     """The broker, Redis and a temporary home for one bench run (see the module docstring).
 
     Settings: code defaults and configs/default.yaml (no DAGSCHED_* variables), log level
     WARNING, metrics on a free port, then `overrides`. Keys and topics are prefixed
     `bench-{name}-{random}.`; the keys are dropped on exit, and the home removed unless
-    `keep_home`."""
+    `keep_home`. `private_redis` starts a `redis-server` of its own even when `redis_url`
+    answers (a bench that measures Redis' memory wants nobody else's keys in it)."""
     from dagsched.daemon.broker import embedded_broker
 
     home = Path(tempfile.mkdtemp(prefix=f"dagsched-{name}-"))
     prefix = f"bench-{name}-{uuid.uuid4().hex[:8]}."
     redis_proc = None
-    if not redis_answers(redis_url):
+    if private_redis or not redis_answers(redis_url):
         redis_proc = RedisServer().start()
         redis_url = redis_proc.url
     settings = load_settings(

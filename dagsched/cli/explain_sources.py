@@ -4,7 +4,9 @@ versions that made the decisions (the registry, or bundle folders), run on one t
 from __future__ import annotations
 
 import heapq
+import json
 import re
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,10 +19,15 @@ from dagsched.schemas.messages import DecisionLogMsg
 from dagsched.settings import Settings
 
 if TYPE_CHECKING:
+    from dagsched.learner.decision_log import LoggedDecision
     from dagsched.policy.scheduler import GNNScheduler
+    from dagsched.sim.workflow import Workflow
 
 _GLOB = re.compile(r"([*?\[\]\\])")
 _DECIDED_AT = re.compile(rb'"decided_at":\s*([0-9.eE+-]+)')
+# how far around a decision's decided_at its log record is searched (clocks of the daemon
+# host and Redis may differ a little; the record is written when its batch ends)
+SEARCH_BEFORE_MS, SEARCH_AFTER_MS = 10_000, 120_000
 
 
 class ExplainFailed(typer.TyperException):
@@ -35,8 +42,12 @@ class ExplainFailed(typer.TyperException):
 class DecisionStore:
     """Read-only access to the daemon's decision store and decision logs (sync client).
 
-    Keys as `dagsched.daemon.redis_state.RedisState` writes them:
-    `{topic_prefix}dagsched:dec:{wf}/{task}:{attempt}` and `...:obs:{wf}/{task}:{attempt}`.
+    Keys as `dagsched.daemon.redis_state.RedisState` writes them: decisions under
+    `{topic_prefix}dagsched:dec:{wf}/{task}:{attempt}`; the decision log in the streams
+    `...:declog:keys` (per policy call, its new decisions' keys) and `...:declog:recs` (its
+    `decision_batch`, zlib, same id), whose observations are replayed with the workflows
+    (`...:wf:{id}`); logs written before issue 13 under `...:obs:{wf}/{task}:{attempt}`.
+    Every log comes out as a `DecisionLogMsg` with its observation.
     """
 
     def __init__(self, settings: Settings) -> None:
@@ -71,7 +82,7 @@ class DecisionStore:
                     f"unknown task id {task_key!r} attempt {attempt}: no decision stored "
                     f"under {self.prefix}dec:{task_key}:{attempt}"
                 )
-            return attempt, log, dec
+            return attempt, log or self._batch_log(task_key, attempt, dec), dec
         found: tuple[int, bytes | None, bytes | None] | None = None
         k = 0
         while True:
@@ -87,7 +98,68 @@ class DecisionStore:
                 f"unknown task id {task_key!r}: no decision stored under "
                 f"{self.prefix}dec:{task_key}:0"
             )
-        return found
+        k, log, dec = found
+        return k, log or self._batch_log(task_key, k, dec), dec
+
+    def _batch_log(self, task_key: str, attempt: int, dec: bytes | None) -> bytes | None:
+        """The decision's log from the decision-log streams, as `decision_log` JSON: the
+        record whose keys name it, searched from a little before its `decided_at`."""
+        if dec is None:
+            return None
+        try:
+            d = json.loads(dec)
+            at_ms, arm = int(float(d["decided_at"]) * 1000), d["arm"]
+        except (ValueError, KeyError, TypeError):
+            return None
+        if arm == "fallback":
+            return None  # nothing to replay: the command says who placed it
+        token = f"{task_key}:{attempt}".encode()
+        start, end = str(max(0, at_ms - SEARCH_BEFORE_MS)), str(at_ms + SEARCH_AFTER_MS)
+        keys, recs = self.prefix + "declog:keys", self.prefix + "declog:recs"
+        while True:
+            chunk = self._call(self.redis.xrange, keys, min=start, max=end, count=500)
+            if not chunk:
+                return None
+            for entry_id, fields in chunk:
+                if token in fields.get(b"k", b"").split():
+                    return self._replayed(recs, entry_id, (task_key, attempt))
+            start = b"(" + chunk[-1][0]
+
+    def _replayed(self, recs: str, entry_id: bytes, key: tuple[str, int]) -> bytes | None:
+        got = self._call(self.redis.xrange, recs, min=entry_id, max=entry_id)
+        if not got:
+            return None  # trimmed meanwhile
+        for d in self._decisions(got[0][1].get(b"r", b"")):
+            if d.key == key:
+                wfs = self.workflows(d.workflow_ids)
+                return d.as_message(wfs.get).encode()
+        return None
+
+    def _decisions(self, packed: bytes) -> list[LoggedDecision]:
+        """The decisions of one stored `decision_batch` ([] when unreadable)."""
+        from dagsched.learner.decision_log import logged
+        from dagsched.schemas.messages import DecisionBatchMsg
+
+        try:
+            return logged(DecisionBatchMsg.model_validate_json(zlib.decompress(packed)))
+        except (ValueError, zlib.error):
+            return []
+
+    def workflows(self, ids: set[str]) -> dict[str, Workflow]:
+        """The stored workflows among `ids` (to replay observations with)."""
+        from dagsched.schemas.messages import WorkflowMsg
+        from dagsched.sim.wire import to_workflow
+
+        order = sorted(ids)
+        raws = self._call(self.redis.mget, [f"{self.prefix}wf:{i}" for i in order]) if ids else []
+        out: dict[str, Workflow] = {}
+        for wf_id, raw in zip(order, raws, strict=True):
+            if raw is not None:
+                try:
+                    out[wf_id] = to_workflow(WorkflowMsg.model_validate_json(raw), 10**9)
+                except ValueError:
+                    continue
+        return out
 
     def node_ids(self) -> list[str]:
         """Node ids the cluster view is built from (sorted, as `RedisState.cluster_view`)."""
@@ -96,32 +168,69 @@ class DecisionStore:
 
     def recent_logs(self, n: int) -> tuple[list[DecisionLogMsg], int, int]:
         """The `n` most recent decision logs (by decided_at), how many logs are stored, and how
-        many of the chosen ones were unreadable. Streams the values in chunks and keeps only the
-        `n` newest raw records, so memory stays bounded however many are stored."""
+        many of the chosen ones were unreadable. Reads the decision-log streams newest first
+        (and counts the small keys stream whole), and the pre-issue-13 `obs:` keys in chunks
+        keeping only the `n` newest, so memory stays bounded however many are stored."""
+        newest: list[tuple[float, int, Any]] = []  # min-heap of (decided_at, seq, raw | log)
+        stored, seq = 0, 0
+
+        def offer(at: float, item: Any) -> bool:
+            nonlocal seq
+            seq += 1
+            if len(newest) < n:
+                heapq.heappush(newest, (at, seq, item))
+                return True
+            if (at, seq) > newest[0][:2]:
+                heapq.heapreplace(newest, (at, seq, item))
+                return True
+            return False
+
         pattern = _GLOB.sub(r"\\\1", self.prefix) + "obs:*"
         keys = list(self._call(lambda: list(self.redis.scan_iter(match=pattern, count=1000))))
-        newest: list[tuple[float, int, bytes]] = []  # min-heap of (decided_at, seq, raw)
-        stored = 0
         for i in range(0, len(keys), 500):
             for raw in self._call(self.redis.mget, keys[i : i + 500]):
                 if raw is None:  # expired meanwhile
                     continue
                 stored += 1
                 m = _DECIDED_AT.search(raw)
-                at = float(m[1]) if m else 0.0
-                item = (at, stored, raw)
-                if len(newest) < n:
-                    heapq.heappush(newest, item)
-                elif item > newest[0]:
-                    heapq.heapreplace(newest, item)
+                offer(float(m[1]) if m else 0.0, raw)
+        stored += self._count_stream()
+        end = "+"
+        recs = self.prefix + "declog:recs"
+        while True:  # newest records first, until they are older than all n kept
+            chunk = self._call(self.redis.xrevrange, recs, max=end, min="-", count=50)
+            if not chunk:
+                break
+            kept = False
+            for _, fields in chunk:
+                for d in reversed(self._decisions(fields.get(b"r", b""))):
+                    kept = offer(d.decided_at, d) or kept
+            if not kept and len(newest) >= n:
+                break
+            end = b"(" + chunk[-1][0]
+        chosen = sorted(newest, key=lambda x: x[:2], reverse=True)
+        wfs = self.workflows(
+            {w for _, _, x in chosen if not isinstance(x, bytes) for w in x.workflow_ids}
+        )
         logs: list[DecisionLogMsg] = []
         bad = 0
-        for _, _, raw in sorted(newest, reverse=True):
+        for _, _, item in chosen:
             try:
-                logs.append(DecisionLogMsg.model_validate_json(raw))
+                if isinstance(item, bytes):
+                    logs.append(DecisionLogMsg.model_validate_json(item))
+                else:
+                    logs.append(item.as_message(wfs.get))
             except ValueError:
                 bad += 1
         return logs, stored, bad
+
+    def _count_stream(self) -> int:
+        """How many decisions the decision-log streams hold (their keys, counted)."""
+        keys, start, count = self.prefix + "declog:keys", "-", 0
+        while chunk := self._call(self.redis.xrange, keys, min=start, max="+", count=2000):
+            count += sum(len(f.get(b"k", b"").split()) for _, f in chunk)
+            start = b"(" + chunk[-1][0]
+        return count
 
 
 # -- models ----------------------------------------------------------------------------------------

@@ -116,10 +116,11 @@ def daemon_cmd(
     ),
 ) -> None:
     """Serve placements: consume dagsched.tasks, produce decisions, until SIGTERM."""
-    from dagsched.daemon.service import Daemon
+    from dagsched.daemon.service import Daemon, set_torch_threads
 
     extra = {"daemon.metrics_port": metrics_port} if metrics_port is not None else {}
     settings = service_settings(ctx, bootstrap, redis_url, home, extra)
+    set_torch_threads(settings)
 
     async def main(stop: asyncio.Event) -> None:
         daemon = Daemon(settings, run_updater=updater, registry=registry)

@@ -24,6 +24,7 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord
 from redis.exceptions import RedisError
 
+from dagsched.daemon.batch_log import Logged
 from dagsched.daemon.kafka import Output, produce_all
 from dagsched.daemon.metrics import DaemonMetrics
 from dagsched.daemon.models import Models
@@ -191,15 +192,15 @@ class BatchLoop:
             if answers.get(key) is None:
                 todo.setdefault(key, m)
         new: set[tuple[str, int]] = set()
-        made: list[tuple[tuple[str, int], bytes]] = []
+        logs: list[Logged] = []
         if todo:
-            decided, new, made = await self.placer.decide(todo, fetched)
+            decided, new, logs = await self.placer.decide(todo, fetched)
             answers.update(decided)
-        logs = [(k[0], k[1], raw) for k, raw in made if k in new]
-        try:
-            await self.rs.put_decision_logs(logs)
-        except RedisError as exc:  # explainability is best effort; decisions are not
-            log.warning("decision_log.redis_failed", error=str(exc))
+        if logs and not self.store.degraded:
+            try:  # one script call for the batch's logs, trimmed to the cap
+                await self.rs.put_decision_logs(logs)
+            except RedisError as exc:  # explainability is best effort; decisions are not
+                log.warning("decision_log.redis_failed", error=str(exc))
         fresh = 0
         seen: set[tuple[str, int]] = set()
         for i, rec, m in ready:
@@ -218,7 +219,7 @@ class BatchLoop:
             out[i] = (s.topic("decisions"), m.workflow_id.encode(), answer)
         outputs = [out[i] for i in range(len(records)) if out[i][2]]
         topic = s.topic("decisionlog")
-        outputs += [(topic, k.split("/")[0].encode(), raw) for k, _, raw in logs]
+        outputs += [(topic, None, raw) for _, raw in logs]
         return outputs, fresh
 
     def _ack(self, rec: ConsumerRecord[bytes, bytes]) -> Output:

@@ -2,9 +2,10 @@
 
 `Placer.decide` is the daemon's decision step. Each round reads the cluster view (waiting,
 the first time, until it has caught up with the requests' job-queue time), runs the champion,
-challenger or fallback on its slice of the batch, and reserves each placement with the Lua
-decide script: a placement that no longer fits (another replica got there first) is re-planned
-on a fresh view, and the last round queues it on the node. A model that fails or breaks the
+challenger or fallback on its slice of the batch, and reserves the round's placements with one
+call of the Lua decide script (in planning order): a placement that no longer fits (another
+replica got there first) is re-planned on a fresh view, and the last round queues it on the
+node. A model that fails or breaks the
 contract is replaced by the heuristic for that batch.
 """
 
@@ -14,20 +15,19 @@ import asyncio
 import math
 import time
 from collections import defaultdict
-from typing import Any
 
 import numpy as np
 import structlog
 
+from dagsched.daemon.batch_log import Logged, PolicyCall, Trace, snapshot
 from dagsched.daemon.metrics import DaemonMetrics
 from dagsched.daemon.models import Models
 from dagsched.daemon.redis_state import Reservation
 from dagsched.daemon.state import Progress, StateStore
 from dagsched.policy.api import Placement, Scheduler
-from dagsched.schemas.messages import DecisionLogMsg, DecisionMsg, TaskReadyMsg
+from dagsched.schemas.messages import DecisionMsg, TaskReadyMsg
 from dagsched.settings import Settings
 from dagsched.sim.history import FamilySummary
-from dagsched.sim.observation import observation_to_dict
 from dagsched.sim.state import CPU_BOUNDS, MEM_BOUNDS, RETRY_BOUNDS
 from dagsched.sim.view import ClusterView, TaskView
 from dagsched.sim.workflow import Workflow, downward_finish_s
@@ -38,7 +38,6 @@ PLACE_ROUNDS = 3
 VIEW_POLL_S = 0.002  # how often a batch re-reads the clock while it waits for the updater
 
 Key = tuple[str, int]  # (workflow_id/task, attempt)
-Logged = tuple[Key, bytes]  # a new decision and its decision-log record
 
 
 class Hold(Exception):
@@ -65,13 +64,14 @@ class Placer:
         self._logs: list[Logged] = []
         self._last_trace: list[Trace] = []
         self._history: dict[str, FamilySummary] = {}
+        self._last_view: str | None = None
 
     async def decide(
         self, todo: dict[tuple[str, int], TaskReadyMsg], fetched: float
     ) -> tuple[dict[tuple[str, int], bytes | str], set[tuple[str, int]], list[Logged]]:
         """Place every task of `todo`: decisions (or dead-letter reasons, as str) by key, the
         keys whose decision was made now (not found stored by another replica), and the
-        decision-log records of those."""
+        decision-log records (one `decision_batch` per policy call with new decisions)."""
         self._logs = []
         out: dict[tuple[str, int], bytes | str] = {}
         new: set[tuple[str, int]] = set()
@@ -98,8 +98,9 @@ class Placer:
             view = await self._fresh_view(at, wait=round_ == 0)
             if view is None or view.n == 0 or not view.alive.any():
                 raise Hold("no alive node known")
+            # where workflows stand feeds the models' task views; the heuristic needs none
             progress = await self.store.progress(
-                sorted({m.workflow_id for m, _ in pending.values()})
+                sorted({m.workflow_id for k, (m, _) in pending.items() if self._model_arm(k)})
             )
             last = round_ == PLACE_ROUNDS - 1
             placed = await self._place_round(
@@ -155,19 +156,28 @@ class Placer:
         ready: dict[str, set[int]] = defaultdict(set)  # ready now, as the simulator sees it
         for m, _ in pending.values():
             ready[m.workflow_id].add(m.task)
+        planned: list[tuple[tuple[str, int], str, PolicyCall, int]] = []
+        reservations: list[tuple[Reservation, bool]] = []
+        calls: list[PolicyCall] = []
+        finish: dict[str, tuple[list[float], float]] = {}  # per workflow, once per round
         for arm, keys in sorted(by_arm.items()):
-            tvs = [self._task_view(index, *pending[k], progress, ready) for k in keys]
+            model = arm != "fallback"  # the heuristic reads no sub-deadline: not computed
+            tvs = [
+                self._task_view(index, *pending[k], progress, ready, finish if model else None)
+                for k in keys
+            ]
             placements, arm, version = self._run_policy(arm, view, tvs)
-            traces = self._last_trace
-            for key, tv, p, trace in zip(keys, tvs, placements, traces, strict=True):
+            now = time.time()
+            call = PolicyCall(arm, version, now, self._last_view)
+            calls.append(call)
+            for key, tv, p, trace in zip(keys, tvs, placements, self._last_trace, strict=True):
                 m, wf = pending[key]
                 spec = wf.tasks[tv.idx]
                 node = int(p.node)
-                cpu = float(np.clip(p.cpu, *CPU_BOUNDS))
-                mem = float(np.clip(p.mem, *MEM_BOUNDS))
+                cpu = min(max(float(p.cpu), CPU_BOUNDS[0]), CPU_BOUNDS[1])
+                mem = min(max(float(p.mem), MEM_BOUNDS[0]), MEM_BOUNDS[1])
                 cores, mem_gb = cpu * view.cores[node], mem * view.mem_gb[node]
                 fits = view.take(tv, node, cpu, mem)
-                now = time.time()
                 decision = DecisionMsg(
                     workflow_id=m.workflow_id,
                     task=m.task,
@@ -175,7 +185,7 @@ class Placer:
                     node=view.node_ids[node],
                     cpu=cpu,
                     mem=mem,
-                    max_retries=int(np.clip(round(p.max_retries), *RETRY_BOUNDS)),
+                    max_retries=min(max(round(p.max_retries), RETRY_BOUNDS[0]), RETRY_BOUNDS[1]),
                     model_version=version,
                     arm=arm,  # type: ignore[arg-type]
                     log_prob=min(0.0, p.log_prob) if math.isfinite(p.log_prob) else 0.0,
@@ -193,29 +203,41 @@ class Placer:
                     decision=decision,
                     fits=fits,
                 )
-                status, winner = await self.store.decide(res, queue_if_full=queue_all or not fits)
-                if status in ("r", "q"):
-                    placed[key] = decision
-                    new.add(key)
-                    self._logs.append((key, _log_record(m, version, arm, node, p, trace, now)))
-                    self.metrics.decisions.labels(arm=arm).inc()
-                    self.stats["decisions"] += 1
-                    if arm == "fallback":
-                        self.metrics.fallback.labels(why="no_model").inc()
-                elif status == "dup" and winner is not None:
-                    placed[key] = winner  # another replica answered first: same decision
+                planned.append((key, arm, call, call.add(m, tv, p, trace)))
+                reservations.append((res, queue_all or not fits))
+        # the whole round's reservations in one atomic step, in the order they were planned
+        results = await self.store.decide_many(reservations)
+        for (key, arm, call, pos), (res, _), (status, winner) in zip(
+            planned, reservations, results, strict=True
+        ):
+            if status in ("r", "q"):
+                placed[key] = res.decision
+                new.add(key)
+                call.new[pos] = True
+                self.metrics.decisions.labels(arm=arm).inc()
+                self.stats["decisions"] += 1
+                if arm == "fallback":
+                    self.metrics.fallback.labels(why="no_model").inc()
+            elif status == "dup" and winner is not None:
+                placed[key] = winner  # another replica answered first: same decision
+        self._logs += [r for c in calls if (r := c.record()) is not None]
         return placed
+
+    def _model_arm(self, key: tuple[str, int]) -> bool:
+        return self.models.pick(*key) != "fallback"
 
     def _run_policy(
         self, arm: str, view: ClusterView, tvs: list[TaskView]
     ) -> tuple[list[Placement], str, str]:
         sched: Scheduler = self.models.scheduler(arm)
         self._last_trace = [None] * len(tvs)
+        self._last_view = None
         if arm != "fallback":
             try:
                 placements = sched.place(view, tvs)
                 _check(placements, view, len(tvs))
                 self._last_trace = _trace(sched, len(tvs))
+                self._last_view = snapshot(sched, view, tvs, sched.version)
                 return placements, arm, sched.version
             except Exception as exc:  # the model failed: the heuristic answers this batch
                 log.error("model.failed", arm=arm, version=sched.version, error=str(exc))
@@ -230,16 +252,23 @@ class Placer:
         wf: Workflow,
         progress: dict[str, Progress],
         ready: dict[str, set[int]],
+        finish: dict[str, tuple[list[float], float]] | None,
     ) -> TaskView:
         """The task as the model was trained to see it: active = decided and not done, or
-        ready in this batch."""
+        ready in this batch. `finish` caches each workflow's downward finish times (None: for
+        the heuristic, which reads no sub-deadline; it is then 0)."""
         done_set, active_set, nodes = progress.get(m.workflow_id, (set(), set(), {}))
         done = np.zeros(wf.size, dtype=bool)
         done[[i for i in done_set if i < wf.size]] = True
         active = np.zeros(wf.size, dtype=bool)
         active[[i for i in active_set | ready[m.workflow_id] if i < wf.size]] = True
-        finish = downward_finish_s(wf)
-        cp = max(finish) or 1.0
+        sub_deadline_s = 0.0
+        if finish is not None:
+            if m.workflow_id not in finish:
+                f = downward_finish_s(wf)
+                finish[m.workflow_id] = (f, max(f) or 1.0)
+            down, cp = finish[m.workflow_id]
+            sub_deadline_s = wf.arrival_s + wf.deadline_s * down[m.task] / cp
         return TaskView(
             workflow=wf,
             idx=m.task,
@@ -248,43 +277,19 @@ class Placer:
             active=active,
             parent_nodes=[index.get(nodes.get(p, ""), -1) for p in wf.parents[m.task]],
             prev_node=index.get(nodes.get(m.task, ""), -1) if m.attempt > 0 else -1,
-            sub_deadline_s=wf.arrival_s + wf.deadline_s * finish[m.task] / cp,
+            sub_deadline_s=sub_deadline_s,
             history=self._history.get(wf.tasks[m.task].family),
         )
 
 
-Trace = tuple[dict[str, Any], list[float], float] | None
-
-
 def _trace(sched: Scheduler, n: int) -> list[Trace]:
-    """The raw observation, unit action and value behind each placement of a model's batch."""
+    """The unit action and value behind each placement of a model's batch."""
     obs = getattr(sched, "last_observations", None)
     units = getattr(sched, "last_units", None)
     values = getattr(sched, "last_values", None)
     if obs is None or units is None or values is None or len(obs) != n:
         return [None] * n
-    return [
-        (observation_to_dict(o), list(u), float(v))
-        for o, u, v in zip(obs, units, values, strict=True)
-    ]
-
-
-def _log_record(
-    m: TaskReadyMsg, version: str, arm: str, node: int, p: Placement, trace: Trace, now: float
-) -> bytes:
-    return DecisionLogMsg(
-        workflow_id=m.workflow_id,
-        task=m.task,
-        attempt=m.attempt,
-        model_version=version,
-        arm=arm,  # type: ignore[arg-type]
-        node_index=node,
-        unit=trace[1] if trace else None,
-        log_prob=min(0.0, p.log_prob) if math.isfinite(p.log_prob) else 0.0,
-        value=trace[2] if trace else None,
-        decided_at=now,
-        observation=trace[0] if trace else None,
-    ).encode()
+    return [(list(u), float(v)) for u, v in zip(units, values, strict=True)]
 
 
 def _check(placements: list[Placement], view: ClusterView, n: int) -> None:

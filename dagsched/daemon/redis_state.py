@@ -9,7 +9,8 @@ Every key starts with `{topic_prefix}dagsched:` so two stacks can share one Redi
 | `led:{wf}/{task}:{attempt}` | hash | one placement: node, cores, mem, est. core-s, state `r` (holds a reservation) or `q` (waits in the node's queue) |
 | `nodeled:{id}` | set | ledger keys on a node (dropped when it goes down) |
 | `dec:{wf}/{task}:{attempt}` | string | the decision's JSON, written once (SET NX semantics) |
-| `obs:{wf}/{task}:{attempt}` | string | its decision-log JSON (observation, action), with a TTL |
+| `declog:keys`, `declog:recs` | streams | the decision log: per policy call, the keys of its new decisions, and its `decision_batch` record (zlib), under the same stream id; capped by `daemon.decision_log_max_mb` and `observation_ttl_s` |
+| `obs:{wf}/{task}:{attempt}` | string | a decision's whole `decision_log` (observation, action): written before issue 13, still read |
 | `wf:{id}` | string | the workflow message JSON |
 | `wfdone:{id}`, `wfactive:{id}` | sets | task indices done / decided and not done |
 | `wfnode:{id}` | hash | task index -> node id of its latest started attempt |
@@ -19,11 +20,14 @@ Every key starts with `{topic_prefix}dagsched:` so two stacks can share one Redi
 A decision, its reservation and its ledger entry are written by one Lua script, so two
 replicas racing on the same task converge on one decision (the loser gets the winner's), and
 two replicas racing on one node never reserve more than it has: a task that does not fit is
-queued on the node (as the executor would queue it), not over-reserved.
+queued on the node (as the executor would queue it), not over-reserved. One call of the script
+takes a whole batch round's reservations in order (one round trip per round, not per task);
+being atomic, it interleaves with another replica's call only between rounds.
 """  # noqa: E501
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -51,39 +55,61 @@ from dagsched.sim.workflow import TASK_TYPE_NAMES
 DECISION_TTL_S = 7 * 24 * 3600
 WORKFLOW_TTL_S = 7 * 24 * 3600
 
-# KEYS: dec, node, ledger, nodeled, wfactive
-# ARGV: decision json, node id, cores, mem, est core-s, task idx, mode (fit|queue|force), ttl
+# All reservations of one batch round, in order, atomically (one EVALSHA per round).
+# KEYS: per entry five: dec, node, ledger, nodeled, wfactive
+# ARGV: ttl, then per entry seven: decision json, node id, cores, mem, est core-s, task idx,
+#       mode (fit | queue | force)
+# Returns per entry two: status (r | q | dup | dead | nofit) and the stored decision on dup.
+# An entry sees the earlier entries' reservations, as the planner's view did.
 DECIDE_LUA = """
-local prev = redis.call('GET', KEYS[1])
-if prev then return {'dup', prev} end
-if redis.call('HGET', KEYS[2], 'alive') ~= '1' then
-  if ARGV[7] ~= 'force' then return {'dead', ''} end
-  -- resync after an outage: keep the decision; the node is gone or not heard of yet
-  redis.call('SET', KEYS[1], ARGV[1], 'EX', tonumber(ARGV[8]))
-  redis.call('SADD', KEYS[5], ARGV[6])
-  return {'q', ''}
+local ttl = tonumber(ARGV[1])
+local out = {}
+for i = 0, #KEYS / 5 - 1 do
+  local dec, node, led = KEYS[i * 5 + 1], KEYS[i * 5 + 2], KEYS[i * 5 + 3]
+  local a = 1 + i * 7
+  local decision, mode, idx = ARGV[a + 1], ARGV[a + 7], ARGV[a + 6]
+  local status, winner = 'r', ''
+  local prev = redis.call('GET', dec)
+  if prev then
+    status, winner = 'dup', prev
+  else
+    local h = redis.call('HMGET', node, 'alive', 'free_cores', 'free_mem', 'queue_len')
+    if h[1] ~= '1' then
+      if mode == 'force' then
+        -- resync after an outage: keep the decision; the node is gone or not heard of yet
+        redis.call('SET', dec, decision, 'EX', ttl)
+        redis.call('SADD', KEYS[i * 5 + 5], idx)
+        status = 'q'
+      else
+        status = 'dead'
+      end
+    else
+      local fc, fm = tonumber(h[2]) or 0, tonumber(h[3]) or 0
+      local ql = tonumber(h[4]) or 0
+      local c, m = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
+      if ql == 0 and fc + 1e-9 >= c and fm + 1e-9 >= m then
+        redis.call('HINCRBYFLOAT', node, 'free_cores', -c)
+        redis.call('HINCRBYFLOAT', node, 'free_mem', -m)
+      elseif mode == 'fit' then
+        status = 'nofit'
+      else
+        redis.call('HINCRBY', node, 'queue_len', 1)
+        redis.call('HINCRBYFLOAT', node, 'queued_core_s', ARGV[a + 5])
+        status = 'q'
+      end
+      if status ~= 'nofit' then
+        redis.call('SET', dec, decision, 'EX', ttl)
+        redis.call('HSET', led, 'node', ARGV[a + 2], 'cores', ARGV[a + 3], 'mem', ARGV[a + 4],
+                   'core_s', ARGV[a + 5], 'state', status)
+        redis.call('SADD', KEYS[i * 5 + 4], led)
+        redis.call('SADD', KEYS[i * 5 + 5], idx)
+      end
+    end
+  end
+  out[#out + 1] = status
+  out[#out + 1] = winner
 end
-local fc = tonumber(redis.call('HGET', KEYS[2], 'free_cores') or '0')
-local fm = tonumber(redis.call('HGET', KEYS[2], 'free_mem') or '0')
-local ql = tonumber(redis.call('HGET', KEYS[2], 'queue_len') or '0')
-local c = tonumber(ARGV[3])
-local m = tonumber(ARGV[4])
-local state = 'r'
-if ql == 0 and fc + 1e-9 >= c and fm + 1e-9 >= m then
-  redis.call('HINCRBYFLOAT', KEYS[2], 'free_cores', -c)
-  redis.call('HINCRBYFLOAT', KEYS[2], 'free_mem', -m)
-else
-  if ARGV[7] == 'fit' then return {'nofit', ''} end
-  redis.call('HINCRBY', KEYS[2], 'queue_len', 1)
-  redis.call('HINCRBYFLOAT', KEYS[2], 'queued_core_s', ARGV[5])
-  state = 'q'
-end
-redis.call('SET', KEYS[1], ARGV[1], 'EX', tonumber(ARGV[8]))
-redis.call('HSET', KEYS[3], 'node', ARGV[2], 'cores', ARGV[3], 'mem', ARGV[4],
-           'core_s', ARGV[5], 'state', state)
-redis.call('SADD', KEYS[4], KEYS[3])
-redis.call('SADD', KEYS[5], ARGV[6])
-return {state, ''}
+return out
 """
 
 # KEYS: ledger, node hash, nodeled. ARGV: 'start' | 'end'
@@ -134,6 +160,64 @@ return 1
 """
 
 
+# The decision log: per record, the same id in both streams (the small one is what
+# `dagsched explain` searches). KEYS: keys stream, records stream.
+# ARGV: maxlen (entries), ttl (s), then per record: its keys (space-separated), the record.
+LOG_LUA = """
+local maxlen, ttl = tonumber(ARGV[1]), tonumber(ARGV[2])
+for i = 3, #ARGV, 2 do
+  local id = redis.call('XADD', KEYS[1], '*', 'k', ARGV[i])
+  redis.pcall('XADD', KEYS[2], id, 'r', ARGV[i + 1])
+end
+local t = redis.call('TIME')
+local oldest = (tonumber(t[1]) - ttl) * 1000
+for _, key in ipairs(KEYS) do
+  redis.call('XTRIM', key, 'MAXLEN', maxlen)
+  if oldest > 0 then redis.call('XTRIM', key, 'MINID', oldest) end
+  redis.call('EXPIRE', key, ttl)
+end
+return 1
+"""
+# The cluster view in one round trip and one reply string (not ~40 bulk strings per node, which
+# the client parses one by one). KEYS: nodes set, clock. ARGV: node key prefix, then fields.
+# Returns {rows "id\tv1\tv2...\n..." sorted by id (missing fields empty), clock}.
+VIEW_LUA = r"""
+local ids = redis.call('SMEMBERS', KEYS[1])
+table.sort(ids)
+local fields = {unpack(ARGV, 2)}
+local rows = {}
+for i, id in ipairs(ids) do
+  local v = redis.call('HMGET', ARGV[1] .. id, unpack(fields))
+  for j = 1, #fields do v[j] = v[j] or '' end
+  rows[i] = id .. '\t' .. table.concat(v, '\t')
+end
+return {table.concat(rows, '\n'), redis.call('GET', KEYS[2]) or '0'}
+"""
+VIEW_FIELDS = (
+    "kind", "zone", "cores", "mem_gb", "gpu_mem_gb", "net_gbps", "alive", "free_cores",
+    "free_mem", "queue_len", "queued_core_s", "net_in_bytes", "failure_rate", "slowdown",
+)  # fmt: skip
+
+# Where workflows stand, in one round trip. ARGV: key prefix, then workflow ids. Returns per
+# workflow three strings: done indices "1,2", active ones, and task nodes "0=n1,3=n2".
+PROGRESS_LUA = """
+local out = {}
+for i = 2, #ARGV do
+  local id = ARGV[i]
+  out[#out + 1] = table.concat(redis.call('SMEMBERS', ARGV[1] .. 'wfdone:' .. id), ',')
+  out[#out + 1] = table.concat(redis.call('SMEMBERS', ARGV[1] .. 'wfactive:' .. id), ',')
+  local h = redis.call('HGETALL', ARGV[1] .. 'wfnode:' .. id)
+  local pairs_ = {}
+  for j = 1, #h, 2 do pairs_[#pairs_ + 1] = h[j] .. '=' .. h[j + 1] end
+  out[#out + 1] = table.concat(pairs_, ',')
+end
+return out
+"""
+
+LOG_ENTRY_OVERHEAD = 64  # first guess of what an entry costs beyond its values; then measured
+LOG_CALIBRATE_EVERY = 64  # writes between measurements of what an entry really costs
+
+
 def connect(url: str, timeout_s: float = 1.0) -> aioredis.Redis:
     """An asyncio Redis client that fails fast (the daemon degrades instead of waiting)."""
     return aioredis.from_url(
@@ -170,6 +254,11 @@ class RedisState:
         self._ledger = redis.register_script(LEDGER_LUA)
         self._reset = redis.register_script(RESET_NODE_LUA)
         self._clock = redis.register_script(_MAX_CLOCK_LUA)
+        self._log = redis.register_script(LOG_LUA)
+        self._view = redis.register_script(VIEW_LUA)
+        self._progress = redis.register_script(PROGRESS_LUA)
+        self._log_entry_bytes = 0.0  # what one decision-log entry costs in Redis, both streams
+        self._log_writes = 0
         self.history = RedisHistory(redis, self.key, settings.sim.cluster.speed)
 
     def key(self, *parts: str) -> str:
@@ -177,20 +266,36 @@ class RedisState:
 
     # -- decision logs (what each decision was made from) --------------------------------------
 
-    async def put_decision_logs(self, logs: Sequence[tuple[str, int, bytes]]) -> None:
-        """Keep each new decision's log record (observation, action) for `dagsched explain`."""
-        if not logs:
+    async def put_decision_logs(self, logs: Sequence[tuple[Sequence[str], bytes]]) -> None:
+        """Keep new decision-log records (keys of their new decisions, `decision_batch` bytes)
+        for `dagsched explain`, in one script call that also trims the log to its caps: the
+        oldest records go once the log would pass `daemon.decision_log_max_mb`, or once they
+        are older than `daemon.observation_ttl_s`."""
+        cap = self.settings.daemon.decision_log_max_mb * 2**20
+        if not logs or cap <= 0:
             return
+        args: list[Any] = []
+        for keys, raw in logs:
+            packed = zlib.compress(raw, 1)
+            joined = " ".join(keys)
+            args += [joined, packed]
+            if self._log_entry_bytes == 0:
+                self._log_entry_bytes = len(packed) + len(joined) + 2 * LOG_ENTRY_OVERHEAD
+        maxlen = max(1, int(cap / self._log_entry_bytes))
         ttl = self.settings.daemon.observation_ttl_s
-        pipe = self.redis.pipeline(transaction=False)
-        for task_key, attempt, raw in logs:
-            pipe.set(self.key("obs", f"{task_key}:{attempt}"), raw, ex=ttl)
-        await pipe.execute()
-
-    async def decision_log(self, task_key: str, attempt: int) -> bytes | None:
-        """The stored log record of one decision, or None."""
-        raw = await self.redis.get(self.key("obs", f"{task_key}:{attempt}"))
-        return raw if isinstance(raw, bytes) or raw is None else str(raw).encode()
+        streams = [self.key("declog", "keys"), self.key("declog", "recs")]
+        await self._log(keys=streams, args=[maxlen, ttl, *args])
+        self._log_writes += 1
+        if self._log_writes % LOG_CALIBRATE_EVERY == 0:
+            # what an entry really costs (listpack nodes, allocator classes): the cap holds
+            # only if the entry count is set from that, not from the payload alone
+            pipe = self.redis.pipeline(transaction=False)
+            for k in streams:
+                pipe.memory_usage(k)
+            pipe.xlen(streams[0])
+            used_k, used_r, n = await pipe.execute()
+            if n:
+                self._log_entry_bytes = ((used_k or 0) + (used_r or 0)) / n
 
     # -- decisions ----------------------------------------------------------------------------
 
@@ -209,30 +314,37 @@ class RedisState:
         replica stored one first, ("dead", None) or ("nofit", None) when it must be re-planned.
         `force` (resync after an outage) stores the decision even on a dead or unknown node.
         """
-        wf_id = r.task_key.rsplit("/", 1)[0]
-        idx = r.task_key.rsplit("/", 1)[1]
-        led = self.key("led", f"{r.task_key}:{r.attempt}")
-        res = await self._decide(
-            keys=[
-                self.key("dec", f"{r.task_key}:{r.attempt}"),
+        mode = "force" if force else "queue" if queue_if_full else "fit"
+        return (await self.decide_many([(r, mode)]))[0]
+
+    async def decide_many(
+        self, items: Sequence[tuple[Reservation, str]]
+    ) -> list[tuple[str, bytes | None]]:
+        """`decide` for a whole round in one atomic script call, in order: each entry sees the
+        reservations of the entries before it. `items` pairs a reservation with its mode,
+        "fit" (re-plan when it does not fit), "queue" (queue it then) or "force"."""
+        if not items:
+            return []
+        keys: list[str] = []
+        args: list[Any] = [DECISION_TTL_S]
+        for r, mode in items:
+            wf_id, idx = r.task_key.rsplit("/", 1)
+            attempt_key = f"{r.task_key}:{r.attempt}"
+            keys += [
+                self.key("dec", attempt_key),
                 self.key("node", r.node),
-                led,
+                self.key("led", attempt_key),
                 self.key("nodeled", r.node),
                 self.key("wfactive", wf_id),
-            ],
-            args=[
-                r.decision,
-                r.node,
-                repr(r.cores),
-                repr(r.mem),
-                repr(r.core_s),
-                idx,
-                "force" if force else "queue" if queue_if_full else "fit",
-                DECISION_TTL_S,
-            ],
-        )
-        status = res[0].decode() if isinstance(res[0], bytes) else str(res[0])
-        return status, (res[1] if status == "dup" else None)
+            ]
+            args += [r.decision, r.node, repr(r.cores), repr(r.mem), repr(r.core_s), idx, mode]
+        res = await self._decide(keys=keys, args=args)
+        out: list[tuple[str, bytes | None]] = []
+        for i in range(0, len(res), 2):
+            status = _str(res[i])
+            winner = res[i + 1]
+            out.append((status, _bytes(winner) if status == "dup" else None))
+        return out
 
     # -- workflows ----------------------------------------------------------------------------
 
@@ -254,34 +366,34 @@ class RedisState:
         self, ids: Sequence[str]
     ) -> dict[str, tuple[set[int], set[int], dict[int, str]]]:
         """Per workflow: done task indices, active ones, and the node each task last ran on."""
-        pipe = self.redis.pipeline(transaction=False)
-        for wf_id in ids:
-            pipe.smembers(self.key("wfdone", wf_id))
-            pipe.smembers(self.key("wfactive", wf_id))
-            pipe.hgetall(self.key("wfnode", wf_id))
-        res = await pipe.execute()
+        if not ids:
+            return {}
+        res = await self._progress(args=[self.prefix, *ids])
         out = {}
         for i, wf_id in enumerate(ids):
-            done, active, nodes = res[3 * i : 3 * i + 3]
+            done, active, nodes = (_str(x) for x in res[3 * i : 3 * i + 3])
             out[wf_id] = (
-                {int(x) for x in done},
-                {int(x) for x in active},
-                {int(k): _str(v) for k, v in nodes.items()},
+                {int(x) for x in done.split(",") if x},
+                {int(x) for x in active.split(",") if x},
+                {int(k): v for k, _, v in (kv.partition("=") for kv in nodes.split(",") if kv)},
             )
         return out
 
     # -- nodes --------------------------------------------------------------------------------
 
     async def cluster_view(self) -> ClusterView:
-        """Every known node, sorted by id, as the view a scheduler sees."""
-        ids = sorted(_str(x) for x in await self.redis.smembers(self.key("nodes")))
-        pipe = self.redis.pipeline(transaction=False)
-        for node in ids:
-            pipe.hgetall(self.key("node", node))
-        pipe.get(self.key("clock"))
-        res = await pipe.execute()
-        rows = [{k.decode(): v.decode() for k, v in h.items()} for h in res[:-1]]
-        return build_view(ids, rows, float(res[-1] or 0.0), self.settings.sim.cluster.speed)
+        """Every known node, sorted by id, as the view a scheduler sees (one script call)."""
+        text, clock = await self._view(
+            keys=[self.key("nodes"), self.key("clock")],
+            args=[self.key("node", ""), *VIEW_FIELDS],
+        )
+        ids: list[str] = []
+        rows: list[dict[str, str]] = []
+        for line in _str(text).split("\n") if text else []:
+            node, *values = line.split("\t")
+            ids.append(node)
+            rows.append({k: v for k, v in zip(VIEW_FIELDS, values, strict=True) if v})
+        return build_view(ids, rows, float(clock or 0.0), self.settings.sim.cluster.speed)
 
     async def clock(self) -> float:
         """The job-queue clock: the latest event time applied (0 before any)."""
@@ -372,6 +484,10 @@ class RedisState:
 
 def _str(x: bytes | str) -> str:
     return x.decode() if isinstance(x, bytes) else x
+
+
+def _bytes(x: bytes | str) -> bytes:
+    return x.encode() if isinstance(x, str) else x
 
 
 def _bytes_list(xs: Sequence[bytes | str | None]) -> list[bytes | None]:

@@ -38,6 +38,15 @@ from dagsched.sim.workflow import Workflow
 log = structlog.get_logger(__name__)
 
 
+def set_torch_threads(settings: Settings) -> None:
+    """Give this process `daemon.torch_threads` torch intra-op threads (0: leave torch's)."""
+    n = settings.daemon.torch_threads
+    if n:
+        import torch
+
+        torch.set_num_threads(n)
+
+
 class _Listener(ConsumerRebalanceListener):
     """Rebalances: commit the batch in flight before partitions move; log the assignment."""
 
@@ -111,7 +120,11 @@ class Daemon:
         self.stop_event.set()
 
     def run(self) -> None:
-        """Run until SIGTERM or SIGINT, then drain and exit (production entry point)."""
+        """Run until SIGTERM or SIGINT, then drain and exit (production entry point).
+
+        Sets the process's torch threads (`set_torch_threads`); tests that drive `async_run`
+        in a shared process keep theirs."""
+        set_torch_threads(self.settings)
 
         async def main() -> None:
             loop = asyncio.get_running_loop()

@@ -205,18 +205,30 @@ class StateStore:
 
     async def decide(self, r: Reservation, queue_if_full: bool) -> tuple[str, bytes | None]:
         """Store a decision and take its reservation (see `RedisState.decide`)."""
+        return (await self.decide_many([(r, queue_if_full)]))[0]
+
+    async def decide_many(
+        self, items: Sequence[tuple[Reservation, bool]]
+    ) -> list[tuple[str, bytes | None]]:
+        """A round's decisions and reservations, in order, in one step (`RedisState.decide_many`);
+        each pairs a reservation with whether to queue it when it does not fit."""
+        if not items:
+            return []
         if not self.degraded:
             try:
-                status, winner = await self.rs.decide(r, queue_if_full)
+                results = await self.rs.decide_many(
+                    [(r, "queue" if q else "fit") for r, q in items]
+                )
             except RedisError as exc:
                 self._down("decide", exc)
             else:
-                if status in ("r", "q"):
-                    self._decisions.put(f"{r.task_key}:{r.attempt}", r.decision)
-                elif status == "dup" and winner is not None:
-                    self._decisions.put(f"{r.task_key}:{r.attempt}", winner)
-                return status, winner
-        return self._decide_locally(r, queue_if_full)
+                for (r, _), (status, winner) in zip(items, results, strict=True):
+                    if status in ("r", "q"):
+                        self._decisions.put(f"{r.task_key}:{r.attempt}", r.decision)
+                    elif status == "dup" and winner is not None:
+                        self._decisions.put(f"{r.task_key}:{r.attempt}", winner)
+                return results
+        return [self._decide_locally(r, q) for r, q in items]
 
     def _decide_locally(self, r: Reservation, queue_if_full: bool) -> tuple[str, bytes | None]:
         key = f"{r.task_key}:{r.attempt}"

@@ -1,8 +1,10 @@
 """Online learning from the serving logs: join decisions with outcomes, fine-tune the heads.
 
 `OutcomeJoiner` joins, by (task key, attempt), a decision (`dagsched.decisions`: node and
-reservation), its decision-log record (`dagsched.decisionlog`: the raw observation, unit
-action, behaviour log-prob and value), the workflow (`dagsched.tasks`: deadline and demands)
+reservation), its decision-log record (`dagsched.decisionlog`: a task of a `decision_batch`,
+whose observation is replayed from the logged view and the workflows, or an older
+`decision_log` with the raw observation; the unit action, behaviour log-prob and value), the
+workflow (`dagsched.tasks`: deadline and demands)
 and the attempt's events (`dagsched.events`: started, finished or failed; heartbeats give node
 cores and memory). The reward is `sim.reward.decision_reward` on a `TaskOutcome` built the
 way the simulator builds it: cost in dominant-share core-seconds, the measured transfer and
@@ -30,11 +32,13 @@ import numpy as np
 import torch
 
 from dagsched.learner.completion import TimeInSystem
+from dagsched.learner.decision_log import LoggedDecision, logged
 from dagsched.learner.ppo_math import ppo_loss
 from dagsched.policy.batching import collate
 from dagsched.policy.model import ACTOR_HEADS, ActorCritic, evaluate
 from dagsched.policy.normalizer import FeatureNormalizer
 from dagsched.schemas.messages import (
+    DecisionBatchMsg,
     DecisionLogMsg,
     DecisionMsg,
     NodeHeartbeatMsg,
@@ -45,7 +49,7 @@ from dagsched.schemas.messages import (
     WorkflowMsg,
 )
 from dagsched.sim.config import RewardWeights
-from dagsched.sim.observation import NODE_FEATURES, Observation, observation_from_dict
+from dagsched.sim.observation import NODE_FEATURES, Observation
 from dagsched.sim.reward import TaskOutcome, decision_reward, dominant_core_s, jain_with
 from dagsched.sim.wire import to_workflow
 from dagsched.sim.workflow import Workflow, downward_finish_s
@@ -82,7 +86,7 @@ class Joined:
 @dataclass
 class _Pending:
     decision: DecisionMsg | None = None
-    log: DecisionLogMsg | None = None
+    log: LoggedDecision | None = None
     started_at: float | None = None
     ended: TaskFinishedMsg | TaskFailedMsg | None = None
     seen_wall: float = 0.0
@@ -133,9 +137,16 @@ class OutcomeJoiner:
             if msg.at is not None:
                 self.time_in_system.ready((f"{msg.workflow_id}/{msg.task}", msg.attempt), msg.at)
             return []
-        if not isinstance(
-            msg, DecisionMsg | DecisionLogMsg | TaskStartedMsg | TaskFinishedMsg | TaskFailedMsg
-        ):
+        if isinstance(msg, DecisionLogMsg | DecisionBatchMsg):
+            done: list[Joined] = []
+            for entry in logged(msg):
+                p = self.pending.get(entry.key)
+                if p is None:
+                    p = self.pending[entry.key] = _Pending(seen_wall=now)
+                p.log = p.log or entry
+                done += self._try(entry.key, p, now)
+            return done
+        if not isinstance(msg, DecisionMsg | TaskStartedMsg | TaskFinishedMsg | TaskFailedMsg):
             return []
         key = (f"{msg.workflow_id}/{msg.task}", msg.attempt)
         p = self.pending.get(key)
@@ -143,8 +154,6 @@ class OutcomeJoiner:
             p = self.pending[key] = _Pending(seen_wall=now)
         if isinstance(msg, DecisionMsg):
             p.decision = p.decision or msg
-        elif isinstance(msg, DecisionLogMsg):
-            p.log = p.log or msg
         elif isinstance(msg, TaskStartedMsg):
             p.started_at = msg.at
         else:
@@ -191,17 +200,16 @@ class OutcomeJoiner:
         del self.pending[key]
         return [self._join(key, p, default=False)]
 
+    def _workflow(self, wf_id: str) -> Workflow | None:
+        info = self.workflows.get(wf_id)
+        return info.wf if info is not None else None
+
     def _join(self, key: Key, p: _Pending, default: bool) -> Joined:
         d = p.decision
         assert d is not None
         info = self.workflows[d.workflow_id]
         spec = info.wf.tasks[d.task]
-        obs = None
-        if p.log is not None and p.log.observation is not None:
-            try:
-                obs = observation_from_dict(p.log.observation)
-            except ValueError:
-                obs = None
+        obs = p.log.observation(self._workflow) if p.log is not None else None
         cores = self.cores.get(d.node, spec.cpu_cores / d.cpu)
         mem_gb = self.mem_gb.get(d.node, spec.mem_gb / d.mem)
         ideal = dominant_core_s(

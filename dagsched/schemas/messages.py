@@ -138,6 +138,51 @@ class DecisionLogMsg(_Message):
         return f"{self.workflow_id}/{self.task}"
 
 
+Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
+
+
+class LoggedTaskMsg(BaseModel):
+    """One task of a `decision_batch`, in the order the policy placed it: its placement as the
+    policy returned it (node index into the batch's view, unclipped CPU and memory fractions),
+    the model's unit action, log-prob and value, and `view`, where its workflow stood (the
+    scheduler's `TaskView` without the workflow, field by field). `new` is False when this is
+    not the task's decision (re-planned in a later round, or another replica decided it); its
+    placement still shaped the observations of the tasks after it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    workflow_id: Id
+    task: TaskIndex
+    attempt: Attempt
+    new: bool
+    node_index: Annotated[int, Field(ge=0)]
+    cpu: Fraction
+    mem: Fraction
+    unit: list[float] | None = None
+    log_prob: Annotated[float, Field(le=0, allow_inf_nan=False)] = 0.0
+    value: Annotated[float, Field(allow_inf_nan=False)] | None = None
+    view: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def task_key(self) -> str:
+        return f"{self.workflow_id}/{self.task}"
+
+
+class DecisionBatchMsg(_Message):
+    """What one policy call decided from, compactly (the decision log since issue 13): the
+    cluster view it was made on, once (`view`, encoded by `dagsched.learner.decision_log`;
+    None for the heuristic fallback), and a small record per task. The observation of every
+    task is rebuilt exactly from these and the workflows (`decision_log.batch_observations`),
+    instead of ~10 KB of observation per decision. Key: none."""
+
+    type: Literal["decision_batch"] = "decision_batch"
+    model_version: Annotated[str, Field(min_length=1, max_length=200)]
+    arm: Arm
+    decided_at: Annotated[float, Field(ge=0, allow_inf_nan=False)]
+    view: str | None = None
+    tasks: Annotated[list[LoggedTaskMsg], Field(min_length=1)]
+
+
 # -- dagsched.events (key: node id) ---------------------------------------------------------
 
 
@@ -283,6 +328,7 @@ Message = Annotated[
     | TaskReadyMsg
     | DecisionMsg
     | DecisionLogMsg
+    | DecisionBatchMsg
     | TaskStartedMsg
     | TaskFinishedMsg
     | TaskFailedMsg
@@ -299,6 +345,7 @@ MESSAGE_TYPES: dict[str, type[_Message]] = {
         TaskReadyMsg,
         DecisionMsg,
         DecisionLogMsg,
+        DecisionBatchMsg,
         TaskStartedMsg,
         TaskFinishedMsg,
         TaskFailedMsg,

@@ -15,7 +15,7 @@ ALLOWED_TYPES: dict[str, frozenset[str]] = {
         {"task_started", "task_finished", "task_failed", "node_heartbeat", "node_down", "node_up"}
     ),
     "deadletter": frozenset({"dead_letter"}),
-    "decisionlog": frozenset({"decision_log"}),
+    "decisionlog": frozenset({"decision_log", "decision_batch"}),
 }
 
 # topic -> what the record key is
@@ -24,5 +24,5 @@ KEYS: dict[str, str] = {
     "decisions": "workflow id",
     "events": "node id",
     "deadletter": "the original record's key",
-    "decisionlog": "workflow id",
+    "decisionlog": "workflow id (decision_log); none (decision_batch)",
 }

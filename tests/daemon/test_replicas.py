@@ -62,6 +62,52 @@ async def test_concurrent_reservations_never_overcommit(settings, rstate: RedisS
     assert view.queue_len[0] == 19
 
 
+async def test_a_batched_round_reserves_in_order_and_races_converge(settings, rstate: RedisState):
+    """One script call per round: entries see the earlier entries' reservations; two replicas
+    racing whole rounds over the same tasks store exactly one decision per task, and every
+    loser gets the winner's bytes; a redelivered round gets the same decisions back."""
+    await _node(rstate, "n1", cores=8, mem=64)
+    await _node(rstate, "n2", cores=8, mem=64)
+    # in order within one call: the second 6-core entry no longer fits n1 ("fit" mode)
+    got = await rstate.decide_many(
+        [(_res("wf/a", "n1", 6.0, b"a"), "fit"), (_res("wf/b", "n1", 6.0, b"b"), "fit")]
+    )
+    assert got == [("r", None), ("nofit", None)]
+    clients = [aioredis.from_url(settings.redis_url) for _ in range(2)]
+    replicas = [RedisState(c, settings) for c in clients]
+    try:
+        for rnd in range(5):  # 5 rounds of 24 tasks, both replicas racing the same tasks
+            tasks = [f"wf-{rnd}/{i}" for i in range(24)]
+
+            def batch(r: int, tasks: list[str] = tasks) -> list[tuple[Reservation, str]]:
+                return [
+                    (_res(t, ("n1", "n2")[(i + r) % 2], 1.0, f"{t}@{r}".encode()), "queue")
+                    for i, t in enumerate(tasks)
+                ]
+
+            a, b = await asyncio.gather(
+                replicas[0].decide_many(batch(0)), replicas[1].decide_many(batch(1))
+            )
+            stored = await rstate.stored_decisions([(t, 0) for t in tasks])
+            for t, (sa, wa), (sb, wb), dec in zip(tasks, a, b, stored, strict=True):
+                assert sorted([sa, sb]) in (["dup", "r"], ["dup", "q"]), (t, sa, sb)
+                mine = f"{t}@0".encode() if sa != "dup" else f"{t}@1".encode()
+                assert dec == mine  # exactly one decision, the one that was stored first
+                assert (wa if sa == "dup" else wb) == dec  # the loser got the winner's bytes
+            again = await replicas[1].decide_many(batch(1))
+            assert [w for _, w in again] == stored and {st for st, _ in again} == {"dup"}
+    finally:
+        for c in clients:
+            await c.aclose()
+    view = await rstate.cluster_view()
+    assert (view.free_cores >= -1e-9).all()
+    held = {n: await rstate.ledger(n) for n in ("n1", "n2")}
+    assert sum(len(v) for v in held.values()) == 1 + 5 * 24  # one ledger entry per decision
+    for n, entries in held.items():
+        reserved = sum(float(e["cores"]) for e in entries if e["state"] == "r")
+        assert reserved <= 8 + 1e-9, n
+
+
 async def test_two_replicas_share_partitions_and_decide_each_task_once(
     settings, champion: Registry, client: Client, start_daemon, rstate: RedisState
 ):
@@ -102,3 +148,20 @@ async def test_heartbeat_telemetry_reaches_the_view(rstate: RedisState):
     assert view.node_ids == ["n1", "n2"]
     assert view.slowdown.tolist() == [1.0, 2.5]
     assert view.failure_rate.tolist() == [0.0, 0.5]
+
+
+async def test_workflow_progress_reads_done_active_and_task_nodes(rstate: RedisState):
+    from dagsched.schemas.messages import TaskFinishedMsg, TaskStartedMsg
+
+    await _node(rstate, "n1", cores=8, mem=64)
+    await rstate.decide_many([(_res(f"wf-p/{t}", "n1", 1.0, b"d"), "queue") for t in (0, 1, 2)])
+    for t in (0, 1):
+        await rstate.apply_event(
+            TaskStartedMsg(workflow_id="wf-p", task=t, attempt=0, node="n1", at=1.0)
+        )
+    await rstate.apply_event(
+        TaskFinishedMsg(workflow_id="wf-p", task=0, attempt=0, node="n1", at=2.0)
+    )
+    got = await rstate.workflow_progress(["wf-p", "wf-unknown"])
+    assert got["wf-p"] == ({0}, {1, 2}, {0: "n1", 1: "n1"})
+    assert got["wf-unknown"] == (set(), set(), {})

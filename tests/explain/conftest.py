@@ -4,6 +4,7 @@ the way the daemon does."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -14,15 +15,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 import redis
+import redis.asyncio as aioredis
 
+from dagsched.daemon.redis_state import RedisState
 from dagsched.policy.bundle import load_bundle
 from dagsched.policy.scheduler import GNNScheduler
 from dagsched.schemas.messages import DecisionLogMsg, DecisionMsg
+from dagsched.settings import load_settings
 from dagsched.sim.config import ScenarioConfig
 from dagsched.sim.engine import Simulator
 from dagsched.sim.observation import Observation, observation_to_dict, observe
 from dagsched.sim.runner import make_policy, stream_workflows
-from dagsched.sim.view import cluster_view, task_view
+from dagsched.sim.view import ClusterView, TaskView, cluster_view, task_view
+from dagsched.sim.wire import to_message
+from tests.learner.test_decision_log import logged_call
 
 REPO = Path(__file__).resolve().parents[2]
 CHAMPION = REPO / "models" / "champion"
@@ -117,6 +123,40 @@ class Stack:
             arm="fallback", node_index=0, decided_at=1_796_000_000.0, observation=None,
         )  # fmt: skip
         self._put(wf, task, attempt, dec, log)
+
+    def store_batch(
+        self, sched: GNNScheduler, view: ClusterView, tvs: list[TaskView]
+    ) -> list[DecisionMsg]:
+        """Decide `tvs` in one call of `sched` and store it the way the daemon does now: a
+        decision per task, the workflows, and one `decision_batch` in the decision-log
+        streams (written by the daemon's own `RedisState.put_decision_logs`)."""
+        msg = logged_call(sched, view, tvs)
+        decisions = []
+        c = self.client
+        for rec in msg.tasks:
+            dec = DecisionMsg(
+                workflow_id=rec.workflow_id, task=rec.task, attempt=rec.attempt,
+                node=view.node_ids[rec.node_index], cpu=float(np.clip(rec.cpu, 0.1, 0.9)),
+                mem=float(np.clip(rec.mem, 0.2, 0.8)), max_retries=3, model_version="v1",
+                arm="champion", log_prob=rec.log_prob, decided_at=msg.decided_at,
+                latency_ms=2.0,
+            )  # fmt: skip
+            c.set(self.key("dec", rec.task_key, rec.attempt), dec.encode())
+            decisions.append(dec)
+        for tv in tvs:
+            c.set(f"{self.prefix}dagsched:wf:{tv.workflow.id}", to_message(tv.workflow).encode())
+        settings = load_settings(None, {"topic_prefix": self.prefix, "redis_url": self.url}, {})
+        keys = [f"{r.task_key}:{r.attempt}" for r in msg.tasks]
+
+        async def put() -> None:
+            client = aioredis.from_url(self.url)
+            try:
+                await RedisState(client, settings).put_decision_logs([(keys, msg.encode())])
+            finally:
+                await client.aclose()
+
+        asyncio.run(put())
+        return decisions
 
     def store_nodes(self, node_ids: list[str]) -> None:
         self.client.sadd(f"{self.prefix}dagsched:nodes", *node_ids)

@@ -14,6 +14,7 @@ import structlog
 from dagsched.cli.main import run
 from dagsched.daemon.broker import free_port
 from tests.explain.conftest import CHAMPION, dagsched
+from tests.learner.test_decision_log import decision_point
 
 
 @pytest.fixture
@@ -152,3 +153,26 @@ def test_sample_report_over_versions(cli, stack, champion, sim_obs, tmp_path):
     pngs = sorted(p.name for p in out.glob("*.png"))
     assert pngs == ["explain_promotion.png", "explain_v1.png", "explain_v2.png"]
     assert all((out / p).read_bytes()[:4] == b"\x89PNG" for p in pngs)
+
+
+def test_explain_and_sample_read_the_compact_decision_log(cli, stack, champion, tmp_path):
+    """Decisions logged as the daemon logs them since issue 13 (one `decision_batch` per
+    policy call in the Redis streams): the observation of any of them is replayed."""
+    view, tvs = decision_point(12)
+    stack.store_nodes(view.node_ids)
+    decisions = stack.store_batch(champion, view, tvs)
+    dec = decisions[7]  # its observation depends on seven earlier placements of the call
+    args = ("--model-dir", str(CHAMPION))
+    proc = cli("explain", "--task-id", f"{dec.workflow_id}/{dec.task}", "--json", *args,
+               env=stack.env)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    d = json.loads(proc.stdout)
+    assert d["chosen"]["node"] == dec.node and d["model_version"] == "v1"
+    assert d["reproduces_log"]["node"] is True and d["reproduces_log"]["values"] is True
+    assert d["completeness"]["ok"] is True
+    out = tmp_path / "report"
+    proc = cli("explain", "--sample", "4", "--out", str(out), "--json", *args, env=stack.env)
+    assert proc.returncode == 0, proc.stderr
+    d = json.loads(proc.stdout)
+    assert d["decisions"] == 4 and d["stored"] == 12 and d["fallback"] == 0
+    assert d["versions"]["v1"]["decisions"] == 4

@@ -1,0 +1,113 @@
+"""The decision log of one policy call: the view it saw, once, and a small record per task.
+
+`PolicyCall` collects what a call of the champion, challenger or fallback placed in a round;
+once the round's reservations are answered, `record()` gives the `decision_batch` message of
+the call (if any of its tasks is a new decision) and the keys of its new decisions. The
+format and its replay are `dagsched.learner.decision_log`'s.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import structlog
+
+from dagsched.learner.decision_log import encode_view, task_view_record
+from dagsched.policy.api import Placement
+from dagsched.schemas.messages import DecisionBatchMsg, LoggedTaskMsg, TaskReadyMsg
+from dagsched.sim.observation import Observation, observe
+from dagsched.sim.view import ClusterView, TaskView
+
+log = structlog.get_logger(__name__)
+
+Trace = tuple[list[float], float] | None  # the model's unit action and value for one task
+Logged = tuple[list[str], bytes]  # the keys "{wf}/{task}:{attempt}" of its new decisions, record
+
+_warned: set[str] = set()
+
+
+@dataclass
+class PolicyCall:
+    """One call of a policy in one round, in placing order."""
+
+    arm: str
+    version: str
+    decided_at: float
+    view: str | None  # the encoded view the policy was called on (None: not logged)
+    tasks: list[tuple[TaskReadyMsg, TaskView, Placement, Trace]] = field(default_factory=list)
+    new: list[bool] = field(default_factory=list)
+
+    def add(self, m: TaskReadyMsg, tv: TaskView, p: Placement, trace: Trace) -> int:
+        """Append a placed task; its position (to mark it new once Redis answered)."""
+        self.tasks.append((m, tv, p, trace))
+        self.new.append(False)
+        return len(self.tasks) - 1
+
+    def record(self) -> Logged | None:
+        """The `decision_batch` of this call and its new decisions' keys (None: none new)."""
+        if not any(self.new):
+            return None
+        model = self.view is not None
+        tasks = []
+        keys = []
+        for (m, tv, p, trace), new in zip(self.tasks, self.new, strict=True):
+            tasks.append(
+                LoggedTaskMsg(
+                    workflow_id=m.workflow_id,
+                    task=m.task,
+                    attempt=m.attempt,
+                    new=new,
+                    node_index=int(p.node),
+                    cpu=_fraction(p.cpu),
+                    mem=_fraction(p.mem),
+                    unit=trace[0] if trace else None,
+                    log_prob=min(0.0, p.log_prob) if math.isfinite(p.log_prob) else 0.0,
+                    value=trace[1] if trace and math.isfinite(trace[1]) else None,
+                    view=task_view_record(tv) if model else {},
+                )
+            )
+            if new:
+                keys.append(f"{m.workflow_id}/{m.task}:{m.attempt}")
+        msg = DecisionBatchMsg(
+            model_version=self.version,
+            arm=self.arm,  # type: ignore[arg-type]
+            decided_at=self.decided_at,
+            view=self.view,
+            tasks=tasks,
+        )
+        return keys, msg.encode()
+
+
+def _fraction(x: float) -> float:
+    return float(x) if 0.0 <= x <= 1.0 else float(np.clip(np.nan_to_num(x), 0.0, 1.0))
+
+
+def snapshot(sched: Any, view: ClusterView, tvs: list[TaskView], version: str) -> str | None:
+    """The view a model was called on, encoded, when it replays faithfully: the first task's
+    observation is recomputed from it and compared with what the scheduler observed. On a
+    mismatch (the observation code changed in a way the log does not capture) nothing is
+    logged for the call, rather than observations the model did not see."""
+    seen: list[Observation] | None = getattr(sched, "last_observations", None)
+    if not seen or len(seen) != len(tvs):
+        return None
+    if not _same(observe(view, tvs[0]), seen[0]):
+        if version not in _warned:
+            _warned.add(version)
+            log.error("decision_log.unfaithful", version=version)
+        return None
+    return encode_view(view)
+
+
+def _same(a: Observation, b: Observation) -> bool:
+    return (
+        a.task_idx == b.task_idx
+        and np.array_equal(a.nodes, b.nodes)
+        and np.array_equal(a.cluster, b.cluster)
+        and np.array_equal(a.dag, b.dag)
+        and np.array_equal(a.anchor, b.anchor)
+        and np.array_equal(a.mask, b.mask)
+        and np.array_equal(a.edges, b.edges)
+    )
