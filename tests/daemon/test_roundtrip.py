@@ -3,8 +3,9 @@ committed after."""
 
 from __future__ import annotations
 
+from dagsched.learner.decision_log import logged
 from dagsched.registry.store import Registry
-from dagsched.schemas.messages import DecisionLogMsg, DecisionMsg, decode
+from dagsched.schemas.messages import DecisionBatchMsg, DecisionMsg, decode
 from tests.daemon.conftest import Client, committed, end_offsets, read_topic, wait_for
 
 
@@ -32,13 +33,19 @@ async def test_tasks_get_decisions_and_offsets_follow(
     assert total == 6
     await wait_for(lambda: _eq(committed(settings), total), what="all offsets committed")
     assert client.got["deadletter"] == []
-    # the GNN logged what it saw for each decision (the fallback logs no observation)
-    stored = await read_topic(settings, "decisionlog", at_least=3)
-    logs = [decode(r.value) for rs in stored.values() for r in rs]
-    assert sorted((x.workflow_id, x.task) for x in logs) == [(f"wf-{w}", 0) for w in range(3)]
-    for x in logs:
-        assert isinstance(x, DecisionLogMsg)
-        assert x.model_version == "v1" and x.observation is not None and x.unit
+    # the GNN logged what it saw for each decision (the fallback logs no observation): one
+    # decision_batch per policy call, a record per task, the observations replayable
+    stored = await read_topic(settings, "decisionlog", at_least=1)
+    msgs = [decode(r.value) for rs in stored.values() for r in rs]
+    assert all(isinstance(m, DecisionBatchMsg) for m in msgs)
+    logs = [rec for m in msgs for rec in logged(m)]
+    while len(logs) < 3:  # the calls of one batch may land as several records
+        stored = await read_topic(settings, "decisionlog", at_least=len(msgs) + 1)
+        msgs = [decode(r.value) for rs in stored.values() for r in rs]
+        logs = [rec for m in msgs for rec in logged(m)]
+    assert sorted(rec.key for rec in logs) == [(f"wf-{w}/0", 0) for w in range(3)]
+    for rec in logs:
+        assert rec.model_version == "v1" and rec.has_observation
 
     m = await d.metrics()
     for name in (
