@@ -33,19 +33,13 @@ from dagsched.daemon.kafka import Output, make_producer, produce_all
 from dagsched.schemas.messages import (
     BadMessage,
     DecisionMsg,
-    NodeDownMsg,
-    NodeHeartbeatMsg,
-    NodeUpMsg,
-    TaskFailedMsg,
-    TaskReadyMsg,
-    TaskStartedMsg,
     decode,
 )
 from dagsched.settings import Settings
 from dagsched.sim.engine import Simulator
+from dagsched.sim.executor import SimExecutor, WorkflowOutcome
 from dagsched.sim.runner import rng_for, stream_workflows
-from dagsched.sim.state import Decision, TaskRun, TaskState
-from dagsched.sim.wire import end_message, to_message
+from dagsched.sim.state import TaskRun
 from dagsched.sim.workflow import Workflow
 from dagsched.sim.workload import WorkloadGenerator
 
@@ -56,18 +50,6 @@ HEARTBEAT_S = 30.0  # simulated seconds between heartbeats of every node
 
 class ReplayError(RuntimeError):
     """The closed loop cannot continue (no decision in time, broker unreachable)."""
-
-
-@dataclass(frozen=True)
-class WorkflowOutcome:
-    """How one replayed workflow ended (`end_s` None: failed or still running)."""
-
-    workflow_id: str
-    arrival_s: float
-    end_s: float | None
-    met_deadline: bool
-    arm: str
-    version: str
 
 
 @dataclass(frozen=True)
@@ -158,14 +140,17 @@ class Replay:
         )  # fmt: skip
         self._waiting: dict[tuple[str, int, int], asyncio.Future[DecisionMsg]] = {}
         self._answered: set[tuple[str, int, int]] = set()
-        self._requests: dict[str, int] = {}
-        self._placed: dict[str, tuple[int, str]] = {}  # task key -> (wire attempt, node id)
-        self._started: set[tuple[str, int]] = set()
-        self._queued: set[TaskRun] = set()
-        self._published: dict[str, Workflow] = {}
         self._out: list[Output] = []
-        self.served: dict[str, tuple[str, str]] = {}  # workflow -> (arm, version) first served
-        self._done_at: dict[str, dict[int, float]] = {}  # workflow id -> task -> finish time
+        self.executor: SimExecutor | None = None
+
+    @property
+    def served(self) -> dict[str, tuple[str, str]]:
+        """Workflow -> (arm, version) of the decision it was first served by."""
+        return self.executor.served if self.executor is not None else {}
+
+    def workflow_outcomes(self) -> list[WorkflowOutcome]:
+        """Per workflow published so far: when it ended, whether by its deadline, who served it."""
+        return self.executor.workflow_outcomes() if self.executor is not None else []
 
     async def run(self, stop: asyncio.Event | None = None) -> dict[str, Any]:
         stop = stop or asyncio.Event()
@@ -233,7 +218,6 @@ class Replay:
         if not d.workflow_id.startswith(self.run_id):
             return
         self.counts["decisions_received"] += 1
-        self.served.setdefault(d.workflow_id, (d.arm, d.model_version))
         fut = self._waiting.pop(key, None)
         if fut is not None and not fut.done():
             fut.set_result(d)
@@ -260,10 +244,8 @@ class Replay:
     async def _loop(self, producer: Any, stop: asyncio.Event, wall0: float) -> dict[str, Any]:
         sim = Simulator(self.s.sim, workload(self.s, self.cfg, self.run_id), seed=self.cfg.seed,
                         keep_log=True)  # fmt: skip
-        self.sim = sim
-        self.node_ids = [f"node-{i:04d}" for i in range(sim.cluster.n)]
-        self._alive = list(sim.cluster.alive)
-        self._heartbeats(sim)
+        ex = self.executor = SimExecutor(sim)
+        ex.heartbeats()
         next_hb = HEARTBEAT_S
         ended = 0
         while not stop.is_set():
@@ -271,18 +253,18 @@ class Replay:
             if batch is None:
                 break
             await self._pace(sim.now, wall0, stop)
-            self._events(sim)
+            ex.events()
             if sim.now >= next_hb:
-                self._heartbeats(sim)
+                ex.heartbeats()
                 next_hb = sim.now + HEARTBEAT_S
-            await self._decide(producer, sim, batch)
-            self._events(sim)
+            await self._decide(producer, ex, batch)
+            ex.events()
             await self._flush(producer)
             done = sim.metrics.workflows_done + sim.metrics.workflows_failed
             if self.progress is not None and done != ended:
                 ended = done
                 self.progress(done, self.cfg.workflows or 0)
-        self._events(sim)
+        ex.events()
         await self._flush(producer)
         return sim.summary()
 
@@ -294,24 +276,16 @@ class Replay:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), delay)
 
-    async def _decide(self, producer: Any, sim: Simulator, batch: list[TaskRun]) -> None:
+    async def _decide(self, producer: Any, ex: SimExecutor, batch: list[TaskRun]) -> None:
         todo = list(batch)
         while todo:
             waits = []
             for t in todo:
-                wf = t.run.wf
-                if wf.id not in self._published:
-                    self._published[wf.id] = wf
-                    self._out.append((self.s.topic("tasks"), wf.id.encode(),
-                                      to_message(wf).encode()))  # fmt: skip
-                attempt = self._requests.get(t.key, -1) + 1
-                self._requests[t.key] = attempt
-                key = (wf.id, t.idx, attempt)
+                msg = ex.request(t)
+                key = (msg.workflow_id, msg.task, msg.attempt)
                 fut: asyncio.Future[DecisionMsg] = asyncio.get_running_loop().create_future()
                 self._waiting[key] = fut
                 waits.append(fut)
-                msg = TaskReadyMsg(workflow_id=wf.id, task=t.idx, attempt=attempt, at=sim.now)
-                self._out.append((self.s.topic("tasks"), wf.id.encode(), msg.encode()))
                 self.counts["tasks_sent"] += 1
                 if self.cfg.malformed > 0 and self.rng.random() < self.cfg.malformed:
                     bad = malformed_messages(self.rng, self.run_id)
@@ -329,113 +303,18 @@ class Replay:
                 ) from None
             retry = []
             for t, d in zip(todo, decisions, strict=True):
-                node = self.node_ids.index(d.node) if d.node in self.node_ids else -1
-                if node < 0 or not sim.cluster.alive[node]:
+                if not ex.apply(t, d):
                     self.counts["rejected"] += 1  # stale view: ask again as a new attempt
                     retry.append(t)
-                    continue
-                sim.place(Decision(t, node, d.cpu, d.mem, d.max_retries))
-                self._placed[t.key] = (d.attempt, d.node)
-                if t.state == TaskState.RUNNING:
-                    self._emit_started(t)
-                else:
-                    self._queued.add(t)
             todo = retry
 
-    # -- events -------------------------------------------------------------------------------
-
-    def _event(self, node: str, msg: Any) -> None:
-        self._out.append((self.s.topic("events"), node.encode(), msg.encode()))
-        self.counts["events_sent"] += 1
-
-    def _emit_started(self, t: TaskRun) -> None:
-        attempt, node = self._placed[t.key]
-        if (t.key, attempt) in self._started:
-            return
-        self._started.add((t.key, attempt))
-        self._event(node, TaskStartedMsg(workflow_id=t.run.wf.id, task=t.idx, attempt=attempt,
-                                         node=node, at=t.start_s))  # fmt: skip
-
-    def _events(self, sim: Simulator) -> None:
-        """Publish what happened since the last call: node changes, attempt ends, starts."""
-        c = sim.cluster
-        for i, (was, now) in enumerate(zip(self._alive, c.alive, strict=True)):
-            if was != now:
-                node = self.node_ids[i]
-                cls = NodeUpMsg if now else NodeDownMsg
-                self._event(node, cls(node=node, at=sim.now))
-                if now:
-                    self._heartbeat(sim, i)
-        self._alive = list(c.alive)
-        assert sim.log is not None
-        entries, sim.log[:] = list(sim.log), []
-        for r in entries:
-            wf_id, idx = r.wf_id, r.idx
-            key = f"{wf_id}/{idx}"
-            placed = self._placed.get(key)
-            if placed is None:
-                continue
-            attempt, node = placed
-            if (key, attempt) not in self._started:
-                self._started.add((key, attempt))
-                self._event(node, TaskStartedMsg(workflow_id=wf_id, task=idx, attempt=attempt,
-                                                 node=node, at=r.start_s))  # fmt: skip
-            if r.outcome == "done":
-                self._done_at.setdefault(wf_id, {})[idx] = r.end_s
-            # what a node agent measures of the attempt: the only way the truth gets out
-            self._event(node, end_message(r, node, attempt))
-        for t in list(self._queued):
-            if t.state == TaskState.QUEUED:
-                continue
-            self._queued.discard(t)
-            if t.state == TaskState.RUNNING:
-                self._emit_started(t)
-            elif t.state == TaskState.CANCELLED and t.key in self._placed:
-                attempt, node = self._placed[t.key]
-                self._event(node, TaskFailedMsg(workflow_id=t.run.wf.id, task=t.idx,
-                                                attempt=attempt, node=node, at=sim.now,
-                                                reason="cancelled"))  # fmt: skip
-
-    def workflow_outcomes(self) -> list[WorkflowOutcome]:
-        """Per workflow published so far: when it ended, whether by its deadline, who served it."""
-        out = []
-        for wf_id, wf in self._published.items():
-            done = self._done_at.get(wf_id, {})
-            end = max(done.values()) if len(done) == wf.size else None
-            arm, version = self.served.get(wf_id, ("", ""))
-            met = end is not None and end <= wf.arrival_s + wf.deadline_s
-            out.append(WorkflowOutcome(wf_id, wf.arrival_s, end, met, arm, version))
-        return out
-
-    def _heartbeats(self, sim: Simulator) -> None:
-        for i in range(sim.cluster.n):
-            if sim.cluster.alive[i]:
-                self._heartbeat(sim, i)
-
-    def _heartbeat(self, sim: Simulator, i: int) -> None:
-        c, info = sim.cluster, sim.cluster.nodes[i]
-        self._event(
-            self.node_ids[i],
-            NodeHeartbeatMsg(
-                node=self.node_ids[i],
-                at=sim.now,
-                kind=info.kind,  # type: ignore[arg-type]
-                zone=info.zone,
-                cores=info.cores,
-                mem_gb=info.mem_gb,
-                gpu_mem_gb=info.gpu_mem_gb,
-                net_gbps=info.net_gbps,
-                # measured use, not the reservation (sums of floats: clamp the rounding)
-                used_cores=max(0.0, sim.node_use[i][0]),
-                used_mem_gb=max(0.0, sim.node_use[i][1]),
-                queue_len=c.queue_len[i],
-                net_in_bytes=c.net_in_bytes(i, sim.now),
-                failure_rate=c.failure_rate(i, sim.now),
-                slowdown=c.observed_slowdown[i],
-            ),
-        )
-
     async def _flush(self, producer: Any) -> None:
+        if self.executor is not None:
+            for stream, key, msg in self.executor.outbox:
+                self._out.append((self.s.topic(stream), key.encode(), msg.encode()))
+                if stream == "events":
+                    self.counts["events_sent"] += 1
+            self.executor.outbox.clear()
         if not self._out:
             return
         out, self._out = self._out, []
