@@ -49,6 +49,7 @@ from dagsched.sim.state import (
     WorkflowRun,
 )
 from dagsched.sim.truth import HiddenTruth
+from dagsched.sim.usage import UsageMeter
 from dagsched.sim.workflow import Workflow
 
 ARRIVAL, FINISH, FAIL, NODE_DOWN, NODE_UP, DRIFT = range(6)
@@ -119,15 +120,8 @@ class Simulator:
             scenario.cluster, cluster_rng, scenario.faults.transient_task_failure
         )
         self.metrics = Metrics(self.cluster.n)
-        self.metrics.capacity = (float(self.cluster.cores.sum()), float(self.cluster.mem_gb.sum()))
-        # cluster-wide reserved and used amounts (cores, GB), integrated over the arrival window
-        self._load = [0.0, 0.0, 0.0, 0.0]
-        # per node: used cores and GB now, dominant shares now, and since when they hold
-        n = self.cluster.n
-        self._used = [[0.0, 0.0] for _ in range(n)]
-        self.node_use = self._used  # measured cores and GB in use per node (telemetry)
-        self._dom = [[0.0, 0.0] for _ in range(n)]  # reserved, used
-        self._dom_at = [0.0] * n
+        self.usage = UsageMeter(self.cluster)  # telemetry and the utilisation metrics
+        self.node_use = self.usage.node_use  # measured cores and GB in use per node
         self.weights = scenario.reward
         self.truth = HiddenTruth(scenario.truth, seed)  # only the engine reads it
         self.history = History()  # what has been measured: policies may read it
@@ -236,7 +230,7 @@ class Simulator:
 
     def summary(self) -> dict[str, Any]:
         """Metrics so far, plus the measured node failure rate."""
-        out = self.metrics.summary()
+        out = self.metrics.summary(self.usage.shares())
         up = self.metrics.node_up_s + sum(
             self.now - since
             for since, ok in zip(self._up_since, self.cluster.alive, strict=True)
@@ -272,9 +266,7 @@ class Simulator:
     def _next_arrival(self) -> None:
         wf = next(self._arrivals, None)
         if wf is None:
-            self._integrate_load()  # the arrival window ends with the last arrival
-            for node in range(self.cluster.n):
-                self._integrate_node(node, self.now)
+            self.usage.stop(self.now)  # the arrival window ends with the last arrival
             self._arrivals_done = True
             return
         if wf.arrival_s < self._last_arrival:
@@ -289,8 +281,8 @@ class Simulator:
         self.active[wf.id] = run
         m = self.metrics
         if m.first_arrival == float("inf"):
-            m.first_arrival = m.window_end = self.now
-            self._dom_at = [self.now] * self.cluster.n
+            m.first_arrival = self.now
+            self.usage.start(self.now)
         m.enter(self.now)
         ratios = self.truth.draw(wf, self._truth_rng).tolist()
         for t, (cpu, mem, rt) in zip(run.tasks, ratios, strict=True):
@@ -366,51 +358,11 @@ class Simulator:
     def _est_core_s(self, t: TaskRun) -> float:
         return t.res_cores * t.spec.duration_s / self.cluster.speed_rows[t.node][t.spec.type]
 
-    def _integrate_load(self) -> None:
-        """Accumulate the cluster's reserved and used amounts x time since the last change,
-        while workflows still arrive (the steady state that `load` describes)."""
-        if self._arrivals_done:
-            return
-        m, load, now = self.metrics, self._load, self.now
-        dt = now - m.window_end
-        if dt > 0:
-            w = m.window
-            for k in range(4):
-                w[k] += load[k] * dt
-            m.window_end = now
-
-    def _integrate_node(self, node: int, end: float) -> None:
-        """Accumulate `node`'s dominant shares x time up to `end` (within the window)."""
-        dt = end - self._dom_at[node]
-        if dt > 0:
-            dom, acc = self._dom[node], self.metrics.node_dominant_s
-            acc[0] += dom[0] * dt
-            acc[1] += dom[1] * dt
-        self._dom_at[node] = end
-
     def _hold(self, t: TaskRun, sign: float) -> None:
-        """Count an attempt's reservation and real use in (sign 1) or out (sign -1) of the
-        cluster and node totals; memory use counts at its mean (half the peak: it grows
-        linearly over the run)."""
-        load, node, c = self._load, t.node, self.cluster
+        """Count an attempt's reservation and real use in (sign 1) or out (sign -1)."""
         use_c = t.use_cores if t.use_cores < t.res_cores else t.res_cores
-        use_m = 0.5 * (t.peak_mem if t.peak_mem < t.res_mem else t.res_mem)
-        if not self._arrivals_done:
-            self._integrate_load()
-            self._integrate_node(node, self.now)
-        load[0] += sign * t.res_cores
-        load[1] += sign * t.res_mem
-        load[2] += sign * use_c
-        load[3] += sign * use_m
-        used = self._used[node]
-        used[0] += sign * use_c
-        used[1] += sign * use_m
-        cores, mem = c.cores_list[node], c.mem_list[node]
-        res_c, res_m = 1.0 - c.free_cores[node] / cores, 1.0 - c.free_mem[node] / mem
-        use_c, use_m = used[0] / cores, used[1] / mem
-        dom = self._dom[node]
-        dom[0] = res_c if res_c > res_m else res_m
-        dom[1] = use_c if use_c > use_m else use_m
+        use_m = 0.5 * (t.peak_mem if t.peak_mem < t.res_mem else t.res_mem)  # mean of a ramp
+        self.usage.hold(t.node, t.res_cores, t.res_mem, use_c, use_m, sign, self.now)
 
     def _start(self, t: TaskRun) -> None:
         c, node, now, spec = self.cluster, t.node, self.now, t.spec

@@ -33,6 +33,11 @@ METRIC_KEYS: tuple[str, ...] = (
 )
 
 
+_UTIL_KEYS = METRIC_KEYS[
+    METRIC_KEYS.index("reserved_util") : METRIC_KEYS.index("used_mem_util") + 1
+]
+
+
 def jain(x: np.ndarray) -> float:
     """Jain's fairness index of non-negative values: 1 when all equal."""
     s2 = float((x * x).sum())
@@ -62,14 +67,6 @@ class Metrics:
         self.total_reward = 0.0
         self.first_arrival = float("inf")
         self.last_end = 0.0
-        self.capacity = (1.0, 1.0)  # the cluster's cores and memory GB, for utilisation
-        # reserved cores, reserved GB, used cores, used GB x seconds, from the first arrival
-        # to `window_end` (the last arrival, once all have come)
-        self.window = [0.0, 0.0, 0.0, 0.0]
-        self.window_end = 0.0
-        # per node dominant share (max of CPU and memory fractions) x seconds, summed over
-        # nodes: reserved, used
-        self.node_dominant_s = [0.0, 0.0]
         # workflows in the system and its integral over time (the completion term)
         self.in_system = 0
         self._wf_s = 0.0
@@ -109,24 +106,13 @@ class Metrics:
         self.used_core_s += used_core_s
         self.node_core_s[node] += reserved_core_s
 
-    def summary(self) -> dict[str, Any]:
-        """Every metric of METRIC_KEYS as plain Python numbers."""
+    def summary(self, util: dict[str, float] | None = None) -> dict[str, Any]:
+        """Every metric of METRIC_KEYS as plain Python numbers; `util` holds the utilisation
+        ones (`sim.usage.UsageMeter.shares`, zeros when not given)."""
         n_wf = self.workflows_done + self.workflows_failed
         jct = np.asarray(self.jct) if self.jct else np.zeros(1)
         makespan = max(0.0, self.last_end - self.first_arrival) if n_wf else 0.0
-        # time-averaged shares of the cluster while workflows arrive (first to last arrival):
-        # the steady state, without the drain after the last arrival
-        span = self.window_end - self.first_arrival if n_wf else 0.0
-        span = span if span > 0 else 1.0
-        cores, mem = self.capacity
-        w = self.window
-        n_nodes = len(self.node_core_s)
-        util = {
-            "reserved_cpu_util": w[0] / (cores * span),
-            "reserved_mem_util": w[1] / (mem * span),
-            "used_cpu_util": w[2] / (cores * span),
-            "used_mem_util": w[3] / (mem * span),
-        }
+        util = util or dict.fromkeys(_UTIL_KEYS, 0.0)
         return {
             "workflows": n_wf,
             "tasks": self.tasks_done,
@@ -141,9 +127,7 @@ class Metrics:
             "migrations": self.migrations,
             "task_failures": self.task_failures,
             "oom_kills": self.oom_kills,
-            "reserved_util": self.node_dominant_s[0] / (n_nodes * span),
-            "used_util": self.node_dominant_s[1] / (n_nodes * span),
-            **util,
+            **{k: util[k] for k in _UTIL_KEYS},
             "workflows_failed": self.workflows_failed,
             "node_failures": self.node_failures,
             "decisions": self.decisions,
