@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from dagsched.sim.estimates import raised_prediction_s, transfer_to_all_s
-from dagsched.sim.history import FamilyStats
+from dagsched.sim.history import FamilyStats, FamilySummary, predicted_use, summarize
 from dagsched.sim.state import CPU_BOUNDS, MEM_BOUNDS, Decision, Policy, TaskRun, TaskState
 
 if TYPE_CHECKING:
@@ -332,25 +332,17 @@ def earliest_finish_node(
     return int(np.argmin(np.where(cand, eft, np.inf)))
 
 
-HISTORY_PERCENTILE = 0.9  # the VPA recommender's target percentile
-HISTORY_MARGIN = 1.15  # the VPA recommender's safety margin
-OOM_BUMP = 1.2  # the VPA recommender's memory bump after an OOM kill
+HISTORY_MARGIN = 1.15  # the VPA recommender's safety margin over its p90 target
 
 
 def history_request(
     spec_cores: float, spec_mem: float, stats: FamilyStats | None
 ) -> tuple[float, float]:
-    """(cores, memory GB) to reserve for a task of a family with these statistics: the
-    family's p90 observed use (CPU) and peak (memory) ratio x the request, +15%; memory at
-    least 1.2 x the highest limit a task of the family was OOM-killed at; the declared
-    request while the family has no finished task."""
-    if stats is None or stats.count == 0:
-        cores, mem = spec_cores, spec_mem
-    else:
-        cores = spec_cores * stats.cpu.percentile(HISTORY_PERCENTILE) * HISTORY_MARGIN
-        mem = spec_mem * stats.mem.percentile(HISTORY_PERCENTILE) * HISTORY_MARGIN
-    if stats is not None and stats.ooms:
-        mem = max(mem, spec_mem * stats.oom_limit * OOM_BUMP)
+    """(cores, memory GB) heft_history reserves for a task of a family with these
+    statistics: `sim.history.predicted_use` with VPA's +15% margin - the family's p90 use
+    (CPU) and peak (memory) x the request x 1.15, memory at least 1.2 x the highest limit an
+    OOM kill of the family hit, the declared request while the family has no history."""
+    cores, mem, _ = predicted_use(spec_cores, spec_mem, summarize(stats), HISTORY_MARGIN)
     return cores, mem
 
 
@@ -375,12 +367,15 @@ class HEFTHistoryPolicy:
     def decide(self, sim: Simulator, ready: list[TaskRun]) -> list[Decision]:
         order = sorted(ready, key=lambda t: -t.run.upward_rank()[t.idx])
         view = BatchView(sim)
+        summaries: dict[str, FamilySummary | None] = {}  # once per family and batch
         out = []
         for t in order:
             spec = t.spec
-            stats = sim.history.get(spec.family)
-            cores, mem = history_request(spec.cpu_cores, spec.mem_gb, stats)
-            ratio = stats.runtime_ratio() if stats is not None else 1.0
+            if spec.family not in summaries:
+                summaries[spec.family] = summarize(sim.history.get(spec.family))
+            cores, mem, ratio = predicted_use(
+                spec.cpu_cores, spec.mem_gb, summaries[spec.family], HISTORY_MARGIN
+            )
             d = Demand(sim, t, cores, mem, ratio)
             node = earliest_finish_node(sim, view, d, t, predicted=True)
             out.append(d.decision(t, node))

@@ -63,12 +63,6 @@ class Network:
         self.node_gbps = node_gbps
         self.latency_s: list[list[float]] = lat.tolist()
         self.gbps: list[list[float]] = gbps.tolist()
-        # vectorised view for scoring every destination at once
-        zones = np.asarray(zone_of)
-        nic = np.asarray(node_gbps, dtype=float)
-        self._lat_to = lat[:, zones]  # [src zone, dst node]
-        self._gbps_to = np.minimum(gbps[:, zones], nic[None, :])
-        self._nic = nic
 
     def transfer_s(self, src: int, dst: int, nbytes: float) -> float:
         """Seconds to move `nbytes` from node `src` to node `dst` (0 on the same node)."""
@@ -77,14 +71,6 @@ class Network:
         zs, zd = self.zone_of[src], self.zone_of[dst]
         bw = min(self.gbps[zs][zd], self.node_gbps[src], self.node_gbps[dst])
         return self.latency_s[zs][zd] + nbytes * 8.0 / (bw * 1e9)
-
-    def transfer_s_to_all(self, src: int, nbytes: float) -> np.ndarray:
-        """Seconds to move `nbytes` from node `src` to every node (0 to itself)."""
-        zs = self.zone_of[src]
-        bw = np.minimum(self._gbps_to[zs], self._nic[src])
-        out = self._lat_to[zs] + nbytes * 8.0 / (bw * 1e9)
-        out[src] = 0.0
-        return out
 
 
 class Cluster:

@@ -198,16 +198,17 @@ OOM_BUMP = 1.2  # the VPA recommender's memory bump after an OOM kill
 
 
 def predicted_use(
-    cpu_cores: float, mem_gb: float, h: FamilySummary | None
+    cpu_cores: float, mem_gb: float, h: FamilySummary | None, margin: float = 1.0
 ) -> tuple[float, float, float]:
     """(cores, memory GB, runtime ratio) history predicts for a task with this request: its
-    family's p90 CPU use and memory peak x the request (memory at least 1.2 x the highest
-    limit an OOM kill of the family hit) and the runtime prediction; the declared request
-    and ratio 1 while the family has no finished task."""
+    family's p90 CPU use and memory peak x the request x `margin` (memory at least 1.2 x
+    the highest limit an OOM kill of the family hit) and the runtime prediction; the
+    declared request and ratio 1 while the family has no finished task."""
     if h is None:
         return cpu_cores, mem_gb, 1.0
     if h.count:
-        cores, mem, rt = cpu_cores * h.cpu_p90, mem_gb * h.mem_p90, h.runtime_ratio
+        cores, mem = cpu_cores * h.cpu_p90 * margin, mem_gb * h.mem_p90 * margin
+        rt = h.runtime_ratio
     else:
         cores, mem, rt = cpu_cores, mem_gb, 1.0
     if h.ooms:
