@@ -137,16 +137,21 @@ def producer(s: Settings) -> Any:
     )
 
 
+def produce(p: Any, topic: str, key: str, value: bytes, backoff_s: float = 0.01) -> None:
+    """Hand one record to a confluent-kafka producer, waiting while its queue is full."""
+    while True:
+        try:
+            p.produce(topic, value, key.encode())
+            break
+        except BufferError:
+            p.poll(backoff_s)
+    p.poll(0)
+
+
 def publish(p: Any, topic: str, items: list[tuple[str, bytes]]) -> None:
     """Produce (key, value) pairs as fast as they go, then wait for every ack."""
     for key, value in items:
-        while True:
-            try:
-                p.produce(topic, value, key.encode())
-                break
-            except BufferError:
-                p.poll(0.01)
-        p.poll(0)
+        produce(p, topic, key, value)
     p.flush(60)
 
 
@@ -217,13 +222,7 @@ def pace(p: Any, topic: str, items: list[tuple[Key, str, bytes]], rate: float) -
         if delay > 0.0005:
             time.sleep(delay)
         sent[k] = time.time()
-        while True:
-            try:
-                p.produce(topic, value, key.encode())
-                break
-            except BufferError:
-                p.poll(0.001)
-        p.poll(0)
+        produce(p, topic, key, value, backoff_s=0.001)
     p.flush(60)
     return sent
 

@@ -10,12 +10,19 @@ import pytest
 from dagsched.daemon.redis_state import RedisState
 from dagsched.schemas.messages import NodeHeartbeatMsg, TaskFailedMsg, TaskFinishedMsg
 from dagsched.settings import Settings
+from dagsched.sim.config import ScenarioConfig
 from dagsched.sim.engine import AttemptRecord, Simulator
 from dagsched.sim.history import summarize
 from dagsched.sim.observation import observe
 from dagsched.sim.runner import generate_workflows, make_policy
 from dagsched.sim.view import cluster_view, task_view
 from dagsched.sim.wire import end_message, to_message
+
+
+def _small(settings: Settings, workflows: int, size: tuple[int, int]) -> ScenarioConfig:
+    """The test profile's scenario on 8 nodes with a short workload."""
+    wl = replace(settings.sim.workload, workflows=workflows, size=size)
+    return replace(settings.sim, cluster=settings.sim.cluster.scaled(8), workload=wl)
 
 
 def _event(r: AttemptRecord, node: str) -> TaskFinishedMsg | TaskFailedMsg:
@@ -35,11 +42,7 @@ async def _heartbeats(rstate: RedisState, sim: Simulator) -> list[str]:
 async def test_redis_history_equals_the_simulators_for_the_same_events(
     rstate: RedisState, settings: Settings
 ) -> None:
-    sc = replace(
-        settings.sim,
-        cluster=settings.sim.cluster.scaled(8),
-        workload=replace(settings.sim.workload, workflows=40, size=(4, 20)),
-    )
+    sc = _small(settings, workflows=40, size=(4, 20))
     wfs = generate_workflows(sc, 5)
     sim = Simulator(sc, wfs, seed=5, keep_log=True)
     sim.run(make_policy("heft", 5))  # declared requests: some tasks are OOM-killed
@@ -72,11 +75,7 @@ async def test_the_daemons_observation_equals_the_simulators_history_included(
 ) -> None:
     """For the same events, a task observed with the daemon's history (from Redis) has the
     same features as observed with the simulator's: history, predictions and anchor."""
-    sc = replace(
-        settings.sim,
-        cluster=settings.sim.cluster.scaled(8),
-        workload=replace(settings.sim.workload, workflows=25, size=(4, 16)),
-    )
+    sc = _small(settings, workflows=25, size=(4, 16))
     wfs = generate_workflows(sc, 8)
     sim = Simulator(sc, wfs, seed=8, keep_log=True)
     policy = make_policy("heft_history", 8)
