@@ -20,7 +20,7 @@ for i = 0, #KEYS / 5 - 1 do
   if prev then
     status, winner = 'dup', prev
   else
-    local h = redis.call('HMGET', node, 'alive', 'free_cores', 'free_mem', 'queue_len')
+    local h = redis.call('HMGET', node, 'alive', 'free_cores', 'free_mem')
     if h[1] ~= '1' then
       if mode == 'force' then
         -- resync after an outage: keep the decision; the node is gone or not heard of yet
@@ -32,9 +32,9 @@ for i = 0, #KEYS / 5 - 1 do
       end
     else
       local fc, fm = tonumber(h[2]) or 0, tonumber(h[3]) or 0
-      local ql = tonumber(h[4]) or 0
       local c, m = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
-      if ql == 0 and fc + 1e-9 >= c and fm + 1e-9 >= m then
+      -- nodes backfill: what fits starts now, whatever waits in the node's queue
+      if fc + 1e-9 >= c and fm + 1e-9 >= m then
         redis.call('HINCRBYFLOAT', node, 'free_cores', -c)
         redis.call('HINCRBYFLOAT', node, 'free_mem', -m)
       elseif mode == 'fit' then

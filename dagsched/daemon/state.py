@@ -241,11 +241,7 @@ class StateStore:
         i = v.node_ids.index(r.node)
         if not v.alive[i]:
             return "dead", None
-        if (
-            v.queue_len[i] == 0
-            and v.free_cores[i] + 1e-9 >= r.cores
-            and (v.free_mem[i] + 1e-9 >= r.mem)
-        ):
+        if v.free_cores[i] + 1e-9 >= r.cores and v.free_mem[i] + 1e-9 >= r.mem:  # backfill
             v.free_cores[i] -= r.cores
             v.free_mem[i] -= r.mem
             status = "r"

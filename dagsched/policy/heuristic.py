@@ -20,9 +20,10 @@ class LeastLoadedScheduler:
     version = "heuristic:least_loaded"
 
     def place(self, cluster: ClusterView, tasks: Sequence[TaskView]) -> list[Placement]:
-        free_cores = cluster.free_cores.astype(float).copy()
-        free_mem = cluster.free_mem.astype(float).copy()
-        queue = cluster.queue_len.astype(float).copy()
+        # free resources as fractions of each node, updated the way the simulator's own
+        # least-loaded does it (sim.baselines), so that float ties break alike
+        free_c = cluster.free_cores.astype(float) / cluster.cores
+        free_m = cluster.free_mem.astype(float) / cluster.mem_gb
         queued = cluster.queued_core_s.astype(float).copy()
         out = []
         for tv in tasks:
@@ -34,18 +35,18 @@ class LeastLoadedScheduler:
                 raise ValueError("no alive node to place on")
             ok = cluster.alive & (res_m >= spec.mem_gb - 1e-9)
             cand = ok if ok.any() else cluster.alive
-            fit = cand & (free_cores >= res_c - 1e-9) & (free_mem >= res_m - 1e-9) & (queue == 0)
+            c_left, m_left = free_c - cpu, free_m - mem
+            low = np.minimum(c_left, m_left)
+            fit = cand & (low >= -1e-9)  # nodes backfill: a queue in front does not matter
             if fit.any():
-                c_left = free_cores / cluster.cores - cpu
-                m_left = free_mem / cluster.mem_gb - mem
-                score = (c_left + m_left) * 0.5 - np.abs(c_left - m_left)
+                # LeastAllocated + BalancedAllocation, (c + m) / 2 - |c - m| = 1.5 min - 0.5 max
+                score = 3.0 * low - np.maximum(c_left, m_left)
                 node = int(np.argmax(np.where(fit, score, -np.inf)))
-                free_cores[node] -= res_c[node]
-                free_mem[node] -= res_m[node]
+                free_c[node] -= cpu[node]
+                free_m[node] -= mem[node]
             else:
-                busy = (queued + cluster.cores - free_cores) / cluster.cores
+                busy = queued / cluster.cores - free_c
                 node = int(np.argmin(np.where(cand, busy, np.inf)))
-                queue[node] += 1
                 # declared work at the advertised speed, as the cluster accounts its queues
                 queued[node] += res_c[node] * spec.duration_s / cluster.speed[node, int(spec.type)]
             out.append(Placement(node, float(cpu[node]), float(mem[node]), FALLBACK_RETRIES))

@@ -47,16 +47,16 @@ class BatchView:
         self.free = np.array((c.free_cores, c.free_mem)) * c.inv_shape
         self.queue_len = np.array(c.queue_len, dtype=np.int64)
         self.queued_core_s = np.array(c.queued_core_s)
-        self.open = self.alive & (self.queue_len == 0)  # a fitting task would start now
+        self.open = self.alive.copy()  # a fitting task would start now (nodes backfill)
 
     def take(self, sim: Simulator, node: int, d: Demand, t: TaskRun) -> None:
-        """Record a placement on `node`: it runs now if it fits, else it queues (its declared
-        work at the node's advertised speed, as the cluster's queue accounting has it)."""
+        """Record a placement on `node`: it runs now if it fits (even behind a queue: nodes
+        backfill), else it queues (its declared work at the node's advertised speed, as the
+        cluster's queue accounting has it)."""
         if self.open[node] and d.fits_on(self, node):
             self.free[:, node] -= d.frac[:, node]
         else:
             self.queue_len[node] += 1
-            self.open[node] = False
             c, spec = sim.cluster, t.spec
             work = d.frac[0, node] * c.cores_list[node] * spec.duration_s
             self.queued_core_s[node] += work / c.speed_rows[node][spec.type]
@@ -121,7 +121,7 @@ class Demand:
         return ok if ok.any() else view.alive
 
     def fits_now(self, view: BatchView) -> np.ndarray:
-        """Nodes where the reservation fits immediately (free resources and empty queue)."""
+        """Nodes where the reservation fits immediately in their free resources."""
         left = view.free - self.frac
         return (left[0] >= -_EPS) & (left[1] >= -_EPS) & view.open
 

@@ -8,13 +8,17 @@ does no I/O.
 
 Time semantics of one attempt on a node: the reservation is taken at `start_s`; the task
 first waits for its inputs from parents on other nodes (the slowest transfer) and its cold
-start, then computes from `compute_start_s`. Tasks run on their hidden truth (`sim.truth`),
-not on what they declared: the compute time is `true duration / speed x max(1, cores really
-used / cores reserved)`; a memory reservation below the real peak is OOM-killed when usage
-(growing linearly with progress) crosses it. What an attempt measurably used (core-seconds,
-peak memory, compute seconds) is recorded in `history` and in the attempt log, as a node
-agent would report it. Completed outputs are assumed durable: a node failure loses running
-attempts, not finished outputs.
+start, then computes from `compute_start_s`. Nodes backfill: an attempt whose reservation fits
+in what the node has free starts now, even while larger ones wait in the node's queue (first
+fit in queue order, as the Kubernetes scheduler binds any pending pod that fits); the daemon's
+reservation ledger and every view model the same rule.
+
+Tasks run on their hidden truth (`sim.truth`), not on what they declared: the compute time is
+`true duration / speed x max(1, cores really used / cores reserved)`; a memory reservation
+below the real peak is OOM-killed when usage (growing linearly with progress) crosses it. What
+an attempt measurably used (core-seconds, peak memory, compute seconds) is recorded in
+`history` and in the attempt log, as a node agent would report it. Completed outputs are
+assumed durable: a node failure loses running attempts, not finished outputs.
 
 A drift (`ScenarioConfig.drift`, or `drift()` at any time) makes some nodes slower than their
 advertised speed and raises their failure rates. Policies are not told: `cluster.speed` keeps
@@ -266,7 +270,7 @@ class Simulator:
     def _next_arrival(self) -> None:
         wf = next(self._arrivals, None)
         if wf is None:
-            self.usage.stop(self.now)  # the arrival window ends with the last arrival
+            self.usage.stop(self.now)  # the busy window ends with the last arrival
             self._arrivals_done = True
             return
         if wf.arrival_s < self._last_arrival:
@@ -322,12 +326,11 @@ class Simulator:
         m.decisions += 1
         if t.prev_node >= 0 and t.prev_node != node:
             m.migrations += 1
-        q = c.queues[node]
-        if not q and c.free_cores[node] + 1e-9 >= res_cores and c.free_mem[node] + 1e-9 >= res_mem:
-            self._start(t)
+        if c.free_cores[node] + 1e-9 >= res_cores and c.free_mem[node] + 1e-9 >= res_mem:
+            self._start(t)  # backfill: it fits now, whatever waits in the queue
         else:
             t.state = _QUEUED
-            q.append(t)
+            c.queues[node].append(t)
             c.queue_len[node] += 1
             c.queued_core_s[node] += self._est_core_s(t)
 
@@ -406,15 +409,24 @@ class Simulator:
             self._push(t.compute_start_s + t.compute_s, FINISH, t, t.token)
 
     def _drain(self, node: int) -> None:
+        """Start every queued attempt that fits now, in queue order (first fit: a blocked
+        head does not hold back smaller attempts behind it)."""
         c = self.cluster
-        if not c.alive[node]:
-            return
         q = c.queues[node]
-        while q and c.fits(node, q[0].res_cores, q[0].res_mem):
-            t = q.popleft()
-            c.queue_len[node] -= 1
-            c.queued_core_s[node] -= self._est_core_s(t)
-            self._start(t)
+        if not q or not c.alive[node]:
+            return
+        free_c, free_m = c.free_cores, c.free_mem
+        waiting = []
+        for t in q:
+            if free_c[node] + 1e-9 >= t.res_cores and free_m[node] + 1e-9 >= t.res_mem:
+                c.queue_len[node] -= 1
+                c.queued_core_s[node] -= self._est_core_s(t)
+                self._start(t)
+            else:
+                waiting.append(t)
+        if len(waiting) < len(q):
+            q.clear()
+            q.extend(waiting)
 
     # -- endings ------------------------------------------------------------------------------
 
@@ -519,6 +531,7 @@ class Simulator:
         if run.remaining == 0:
             del self.active[run.wf.id]
             self.metrics.workflow_finished(run.wf.arrival_s, self.now, run.wf.deadline_s)
+            self.usage.mark_warm(self.now)
             run.tasks = []  # break the run <-> task cycle: freed now, not at the next full GC
         self._drain(t.node)
 
@@ -546,6 +559,7 @@ class Simulator:
         c = self.cluster
         run.failed = True
         del self.active[run.wf.id]
+        self.usage.mark_warm(self.now)
         self.metrics.workflow_failed(self.now)
         # a failed workflow counts as in the system until its deadline: giving up never pays
         self._charged_wf_s += max(0.0, run.wf.arrival_s + run.wf.deadline_s - self.now)

@@ -195,12 +195,8 @@ def dag_features(task: TaskView, rank: list[float] | None = None) -> tuple[np.nd
 
 def _fits_now(cluster: ClusterView, cores: np.ndarray, mem: np.ndarray) -> np.ndarray:
     """Nodes where a reservation of `cores` and `mem` would start now: it fits what is free
-    and the node's queue is empty."""
-    return (
-        (cluster.free_cores >= cores - 1e-9)
-        & (cluster.free_mem >= mem - 1e-9)
-        & (cluster.queue_len == 0)
-    )
+    (nodes backfill, so a queue in front does not hold it back)."""
+    return (cluster.free_cores >= cores - 1e-9) & (cluster.free_mem >= mem - 1e-9)
 
 
 def observe(

@@ -65,13 +65,12 @@ class ClusterView:
 
     def take(self, task: TaskView, node: int, cpu: float, mem: float) -> bool:
         """Record in place that `task` goes to `node` with these reservation fractions, as the
-        cluster will see it: it runs now if it fits on an empty queue (True), else it queues."""
+        cluster will see it: it runs now if it fits in what is free (True; nodes backfill, so
+        a queue in front does not hold it back), else it queues."""
         spec = task.workflow.tasks[task.idx]
         cores, mem_gb = cpu * self.cores[node], mem * self.mem_gb[node]
         fits = bool(
-            self.queue_len[node] == 0
-            and self.free_cores[node] + 1e-9 >= cores
-            and self.free_mem[node] + 1e-9 >= mem_gb
+            self.free_cores[node] + 1e-9 >= cores and self.free_mem[node] + 1e-9 >= mem_gb
         )
         if fits:
             self.free_cores[node] -= cores

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from itertools import pairwise
 
 import numpy as np
 import pytest
@@ -134,7 +135,7 @@ def test_worlds_differing_only_in_hidden_truth_look_identical_until_a_task_ends(
 
 def test_load_means_the_share_heft_history_keeps_reserved() -> None:
     """Calibration on a short run: at load 0.5 heft_history reserves 0.5 +- 0.1 of the
-    cluster (per-node dominant share, averaged while workflows arrive)."""
+    cluster (per-node dominant share, averaged over the busy window)."""
     sc = ScenarioConfig()
     sc = replace(sc, workload=replace(sc.workload, load=0.5, workflows=120))
     m = simulate(sc, "heft_history", seed=10_000)
@@ -186,3 +187,38 @@ def test_the_wire_carries_the_family_and_defaults_it_to_the_name() -> None:
         deadline_s=10,
     )
     assert to_workflow(bare, 10).tasks[0].family == "etl-7"
+
+
+def test_utilisation_is_averaged_over_the_busy_window() -> None:
+    """reserved_util integrates the nodes' reserved dominant shares from the first workflow
+    out of the system to the last arrival: checked against an independent integration of
+    every change, and against the ramp-up it leaves out."""
+    sc = ScenarioConfig()
+    sc = replace(sc, workload=replace(sc.workload, load=0.8, workflows=60))
+    wfs = generate_workflows(sc, 10_001)
+    sim = Simulator(sc, wfs, seed=10_001)
+    c, meter = sim.cluster, sim.usage
+    steps: list[tuple[float, float]] = []  # (time, summed reserved dominant shares) per change
+    hold = meter.hold
+
+    def counted(node: int, *args: float) -> None:
+        hold(node, *args)
+        steps.append((sim.now, sum(
+            max(1 - c.free_cores[i] / c.cores_list[i], 1 - c.free_mem[i] / c.mem_list[i])
+            for i in range(c.n)
+        )))  # fmt: skip
+
+    meter.hold = counted  # type: ignore[method-assign]
+    m = sim.run(make_policy("heft_history", seed=0))
+    assert meter.warm_at is not None
+    assert wfs[0].arrival_s < meter.warm_at < wfs[-1].arrival_s
+    t0, t1 = meter.warm_at, wfs[-1].arrival_s
+    acc = 0.0
+    for (ta, va), (tb, _) in pairwise(steps):
+        a, b = max(ta, t0), min(tb, t1)
+        if b > a:
+            acc += va * (b - a)
+    assert m["reserved_util"] == pytest.approx(acc / (c.n * (t1 - t0)), rel=1e-9)
+    # the ramp-up from an empty cluster, which the window leaves out, is lighter
+    early = [v for t, v in steps if t < t0]
+    assert early and sum(early) / len(early) / c.n < m["reserved_util"]

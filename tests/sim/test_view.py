@@ -28,12 +28,12 @@ def test_take_reserves_where_it_fits_and_queues_where_it_does_not() -> None:
         view.take(task_view(t), 0, cpu, mem) for t, (cpu, mem) in zip(batch, steps, strict=True)
     ]
     # 0.5 x 32 cores and 0.25 x 128 GB fit; 0.9 x 32 no longer does, so it queues; 0.1 fits
-    # but queues too, behind it
-    assert fits == [True, False, False]
-    assert view.free_cores[0] == 16.0 and view.free_mem[0] == 96.0
-    assert view.queue_len[0] == 2
-    # queued work at the advertised speed: (0.9 + 0.1) x 32 cores x 100 s / 1.5
-    assert view.queued_core_s[0] == pytest.approx(3200 / 1.5)
+    # and starts now, past the queued one: nodes backfill
+    assert fits == [True, False, True]
+    assert view.free_cores[0] == pytest.approx(12.8) and view.free_mem[0] == pytest.approx(70.4)
+    assert view.queue_len[0] == 1
+    # queued work at the advertised speed: 0.9 x 32 cores x 100 s / 1.5
+    assert view.queued_core_s[0] == pytest.approx(2880 / 1.5)
     assert cv.queue_len[0] == 0 and cv.free_cores[0] == 32  # the original is intact
 
     # the simulator, given the same placements, ends up where the view said it would
