@@ -40,6 +40,10 @@ class DaemonSettings(_Strict):
     metrics_port: int = Field(default=9464, ge=0, le=65535)
     fallback_policy: str = "least_loaded"
     observation_ttl_s: int = Field(default=7 * 24 * 3600, ge=60)
+    # how long a stored decision (and its workflow's DAG and progress) stays in Redis: the
+    # window in which a redelivered task gets the byte-identical decision back. Redis holds
+    # about 1.2 KB per decision for this long (README "Redis memory").
+    decision_ttl_s: int = Field(default=7 * 24 * 3600, ge=60)
     # cap on the decision log kept in Redis for `dagsched explain` (two streams, trimmed to it
     # at every write, oldest first; also trimmed to observation_ttl_s). 0: keep none in Redis
     # (the dagsched.decisionlog topic still carries every record)

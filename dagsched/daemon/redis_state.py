@@ -62,9 +62,6 @@ from dagsched.sim.config import NODE_KINDS
 from dagsched.sim.view import ClusterView
 from dagsched.sim.workflow import TASK_TYPE_NAMES
 
-DECISION_TTL_S = 7 * 24 * 3600
-WORKFLOW_TTL_S = 7 * 24 * 3600
-
 LOG_ENTRY_OVERHEAD = 64  # first guess of what an entry costs beyond its values; then measured
 LOG_CALIBRATE_EVERY = 64  # writes between measurements of what an entry really costs
 
@@ -177,7 +174,7 @@ class RedisState:
         if not items:
             return []
         keys: list[str] = []
-        args: list[Any] = [DECISION_TTL_S]
+        args: list[Any] = [self.settings.daemon.decision_ttl_s]
         for r, mode in items:
             wf_id, idx = r.task_key.rsplit("/", 1)
             attempt_key = f"{r.task_key}:{r.attempt}"
@@ -205,7 +202,7 @@ class RedisState:
             return
         pipe = self.redis.pipeline(transaction=False)
         for wf_id, raw in items:
-            pipe.set(self.key("wf", wf_id), raw, ex=WORKFLOW_TTL_S)
+            pipe.set(self.key("wf", wf_id), raw, ex=self.settings.daemon.decision_ttl_s)
         await pipe.execute()
 
     async def get_workflows(self, ids: Sequence[str]) -> list[bytes | None]:
@@ -277,7 +274,7 @@ class RedisState:
             else:
                 pipe.srem(self.key("wfactive", msg.workflow_id), str(msg.task))
             for suffix in ("wfnode", "wfdone", "wfactive"):
-                pipe.expire(self.key(suffix, msg.workflow_id), WORKFLOW_TTL_S)
+                pipe.expire(self.key(suffix, msg.workflow_id), self.settings.daemon.decision_ttl_s)
             if not started:
                 pipe.get(self.key("wf", msg.workflow_id))
                 pipe.hget(self.key("node", msg.node), "kind")

@@ -166,3 +166,13 @@ async def test_workflow_progress_reads_done_active_and_task_nodes(rstate: RedisS
     got = await rstate.workflow_progress(["wf-p", "wf-unknown"])
     assert got["wf-p"] == ({0}, {1, 2}, {0: "n1", 1: "n1"})
     assert got["wf-unknown"] == (set(), set(), {})
+
+
+async def test_stored_decisions_live_for_the_configured_ttl(settings, redis: aioredis.Redis):
+    """`daemon.decision_ttl_s` bounds how long a decision stays for redeliveries: Redis memory
+    per decision times this window is what a deployment holds."""
+    daemon = settings.daemon.model_copy(update={"decision_ttl_s": 120})
+    rs = RedisState(redis, settings.model_copy(update={"daemon": daemon}))
+    await _node(rs, "n1", cores=8, mem=64)
+    assert await rs.decide(_res("wf/0", "n1", 1.0, b"d"), queue_if_full=True) == ("r", None)
+    assert 0 < await redis.ttl(rs.key("dec", "wf/0:0")) <= 120
