@@ -1,6 +1,6 @@
 """The `dagsched eval` report: the rows of `dagsched.learner.evaluate` as Markdown, CSV, JSON
-and PNG charts (grouped bars per scenario, mean JCT against load per policy, and training
-curves when a history is given)."""
+and PNG charts (grouped bars per scenario, mean JCT against load per policy); and the training
+curves `dagsched train` draws."""
 
 from __future__ import annotations
 
@@ -14,11 +14,9 @@ import numpy as np
 from dagsched.learner.evaluate import ROW_KEYS
 
 
-def write_report(
-    out: Path, rows: list[dict[str, Any]], history: list[dict[str, float]] | None = None
-) -> str:
+def write_report(out: Path, rows: list[dict[str, Any]]) -> str:
     """eval.md, eval.csv, eval.json, sla.png, jct.png, jct_vs_load.png (when rows have two or
-    more `load:L` scenarios) (+ training.png); returns the Markdown."""
+    more `load:L` scenarios); returns the Markdown."""
     out.mkdir(parents=True, exist_ok=True)
     with (out / "eval.csv").open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(ROW_KEYS))
@@ -37,8 +35,6 @@ def write_report(
         _grouped_bars(out / fname, rows, metric, label)
     if len({r["scenario"] for r in rows if r["scenario"].startswith("load:")}) >= 2:
         _jct_vs_load(out / "jct_vs_load.png", rows)
-    if history:
-        _training_curves(out / "training.png", history)
     return text
 
 
@@ -95,7 +91,9 @@ def _jct_vs_load(path: Path, rows: list[dict[str, Any]]) -> None:
     fig.savefig(path, dpi=110)
 
 
-def _training_curves(path: Path, history: list[dict[str, float]]) -> None:
+def training_chart(path: Path, history: list[dict[str, float]]) -> None:
+    """Reward, episode SLA, approximate KL and entropy against the PPO update (`history`: the
+    metrics of each update, with its `step`)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 

@@ -34,6 +34,7 @@ def train_cmd(
 
     settings = state(ctx).settings()
     teacher = None if warm_start == "none" else warm_start
+    history: list[dict[str, float]] = []
     result = run_training(
         settings,
         minutes=minutes,
@@ -44,5 +45,17 @@ def train_cmd(
         resume=resume,
         eval_workflows=eval_workflows,
         progress=partial(progress_bar, enabled=stderr_is_tty()),
+        on_metrics=lambda m, step: history.append({**m, "step": step}),
     )
+    if history:
+        from dagsched.cli.eval_report import training_chart
+
+        chart = (
+            export / "training.png"
+            if export is not None
+            else settings.home / "runs" / f"training-v{result['version']}.png"
+        )
+        chart.parent.mkdir(parents=True, exist_ok=True)
+        training_chart(chart, history)
+        result["training_chart"] = str(chart)
     print_metrics(result, title="training result")

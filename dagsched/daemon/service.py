@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 import time
 from collections import defaultdict
 from typing import Any
@@ -118,21 +117,6 @@ class Daemon:
             self.batches.stop_at = time.monotonic()
             log.info("daemon.stopping", grace_s=self.cfg.grace_s)
         self.stop_event.set()
-
-    def run(self) -> None:
-        """Run until SIGTERM or SIGINT, then drain and exit (production entry point).
-
-        Sets the process's torch threads (`set_torch_threads`); tests that drive `async_run`
-        in a shared process keep theirs."""
-        set_torch_threads(self.settings)
-
-        async def main() -> None:
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, self.stop)
-            await self.async_run()
-
-        asyncio.run(main())
 
     async def async_run(self) -> None:
         """Serve until `stop()`; always closes what it opened."""

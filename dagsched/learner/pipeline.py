@@ -79,10 +79,12 @@ def run_training(
     resume: bool,
     eval_workflows: int,
     progress: Progress = _no_progress,
+    on_metrics: Callable[[dict[str, float], int], None] | None = None,
 ) -> dict[str, Any]:
     """The whole `dagsched train`: returns the registered version and its metrics.
 
-    `progress` reports the PPO updates (see `Progress`); by default nothing is drawn."""
+    `progress` reports the PPO updates (see `Progress`); by default nothing is drawn.
+    `on_metrics` gets each update's metrics and number, as TensorBoard and MLflow do."""
     from torch.utils.tensorboard import SummaryWriter
 
     from dagsched.registry.store import Registry
@@ -103,6 +105,8 @@ def run_training(
             for k, v in metrics.items():
                 tb.add_scalar(k, v, step)
             run.log_metrics(metrics, step)
+            if on_metrics is not None:
+                on_metrics(metrics, step)
             if step % 10 == 0 and "charts/mean_reward" in metrics:
                 log.info(
                     "train.update",

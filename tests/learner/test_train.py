@@ -99,6 +99,8 @@ def test_cli_train_registers_the_first_version_as_champion(tmp_path: Path) -> No
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert (tmp_path / "bundle" / "checksums.json").is_file()
+    chart = tmp_path / "bundle" / "training.png"  # the curves of the run, for its reader
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     listed = subprocess.run(
         [*cmd, "models", "list", "--json"], env=env, capture_output=True, text=True, timeout=120
     )
