@@ -321,6 +321,10 @@ class ShiftConfig:
         _check(self.neighbour_slowdown >= 0, "neighbour_slowdown", "must be >= 0")
 
 
+# The shifted world's effects as the `shift` profile sets them (configs/shift.yaml), from t=0.
+PRODUCTION_SHIFT = ShiftConfig(oom_restart_s=600.0, mem_spread=2.0)
+
+
 @dataclass(frozen=True)
 class ScenarioConfig:
     """Everything a simulation run needs besides the policy and the seed."""

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from dagsched.settings import load_settings
-from dagsched.sim.config import ScenarioConfig, ShiftConfig, TruthConfig
+from dagsched.sim.config import PRODUCTION_SHIFT, ScenarioConfig, ShiftConfig, TruthConfig
 from dagsched.sim.engine import AttemptRecord, Simulator
 from dagsched.sim.observation import CLUSTER_FEATURES, NODE_FEATURES, Observation, observe
 from dagsched.sim.runner import generate_workflows, make_policy
@@ -32,7 +32,8 @@ def _log(sim: Simulator) -> list[AttemptRecord]:
 
 def test_the_shift_profile_is_documented_and_validated() -> None:
     shift = load_settings(profile="shift", environ={}).sim.shift
-    assert shift is not None and shift.oom_restart_s > 0 and shift.mem_spread > 1
+    assert shift == PRODUCTION_SHIFT  # the demo's shift when its profile sets none
+    assert shift.oom_restart_s > 0 and shift.mem_spread > 1
     assert load_settings(profile=None, environ={}).sim.shift is None
     for bad in ({"mem_spread": 0.5}, {"oom_restart_s": -1.0}, {"at_s": -1.0}):
         with pytest.raises(ValueError, match=next(iter(bad))):
