@@ -1,10 +1,13 @@
-"""`dagsched demo`: the whole loop on one machine, with a drift midway, ending with a story.
+"""`dagsched demo`: the whole loop on one machine, shifted midway, ending with a story.
 
 An embedded Tansu broker; one daemon replica serving the champion (the shipped one, registered
 in a fresh demo registry) and a `daemon.challenger_share` slice of workflows to the challenger;
 the learner fine-tuning shadows from the decision logs; the A/B evaluator judging them; and the
-simulator replaying workflows through Kafka. Halfway through the workload (by arrival time) a
-quarter of the nodes turn 3x slower and fail 5x more often, unannounced (`sim.drift`).
+simulator replaying workflows through Kafka. Halfway through the workload (by arrival time) the
+world shifts, unannounced (`sim.shift`: the settings' shift effects, else `PRODUCTION_SHIFT`):
+the retry after an OOM kill pays a long restart and memory peaks spread wider, which the
+observation does not show until outcomes do. The closing story compares the same workload in
+the simulator under the frozen shipped champion and `heft_history`.
 
 The demo keeps its registry under `<home>/demo` (wiped at each start) and its topics under a
 fresh prefix, so it never touches the user's models. Everything runs in one asyncio loop; the
@@ -27,10 +30,12 @@ from dagsched.daemon.broker import embedded_broker
 from dagsched.daemon.replay import Replay, ReplayConfig, WorkflowOutcome
 from dagsched.daemon.service import Daemon
 from dagsched.learner.services import EvaluatorService, LearnerService
+from dagsched.policy.api import SchedulerPolicy
+from dagsched.policy.bundle import load_bundle
 from dagsched.registry.promotion import audit_trail
-from dagsched.registry.store import Registry
+from dagsched.registry.store import SHIPPED_CHAMPION, Registry
 from dagsched.settings import Settings
-from dagsched.sim.config import DriftConfig
+from dagsched.sim.config import PRODUCTION_SHIFT, ShiftConfig
 from dagsched.sim.runner import simulate, stream_workflows
 
 log = structlog.get_logger("dagsched.demo")
@@ -43,8 +48,8 @@ Progress = Callable[[int, int], None]
 class Story:
     """What happened, for the closing story and `--json`."""
 
-    drift_at_s: float
-    drift: dict[str, Any]
+    shift_at_s: float
+    shift: dict[str, Any]
     served_by: str
     replay: dict[str, Any]
     outcomes: list[WorkflowOutcome]
@@ -55,17 +60,17 @@ class Story:
     settings: dict[str, Any] = field(default_factory=dict)
 
     def sla(self, before: bool | None = None, arm: str | None = None) -> tuple[float, int]:
-        """(SLA attainment, workflows) over those that arrived before/after the drift."""
+        """(SLA attainment, workflows) over those that arrived before/after the shift."""
         chosen = [
             o
             for o in self.outcomes
-            if (before is None or (o.arrival_s < self.drift_at_s) == before)
+            if (before is None or (o.arrival_s < self.shift_at_s) == before)
             and (arm is None or o.arm == arm)
         ]
         return (sum(o.met_deadline for o in chosen) / len(chosen) if chosen else 0.0), len(chosen)
 
     def to_dict(self) -> dict[str, Any]:
-        periods = {"before_drift": True, "after_drift": False, "all": None}
+        periods = {"before_shift": True, "after_shift": False, "all": None}
         sla = {
             period: {
                 arm or "all": dict(
@@ -77,8 +82,8 @@ class Story:
         }
         return {
             "served_by": self.served_by,
-            "drift_at_s": self.drift_at_s,
-            "drift": self.drift,
+            "shift_at_s": self.shift_at_s,
+            "shift": self.shift,
             "sla": sla,
             "replay": self.replay,
             "rounds": self.rounds,
@@ -127,14 +132,14 @@ async def run_demo(
     settings: Settings,
     workflows: int,
     seed: int = 0,
-    drift: bool = True,
+    shift: bool = True,
     progress: Progress | None = None,
 ) -> Story:
-    """Broker + daemon + learner + evaluator + replay (drift midway); returns the story."""
+    """Broker + daemon + learner + evaluator + replay (shift midway); returns the story."""
     s = demo_settings(settings)
-    drift_at = midway(s, workflows, seed) if drift else float("inf")
-    drift_cfg = DriftConfig(at_s=drift_at) if drift else None
-    s = s.model_copy(update={"sim": replace(s.sim, drift=drift_cfg)})
+    shift_at = midway(s, workflows, seed) if shift else float("inf")
+    shift_cfg = demo_shift(s, shift_at) if shift else None
+    s = s.model_copy(update={"sim": replace(s.sim, shift=shift_cfg)})
     reg = Registry(s)
     champion = await asyncio.to_thread(reg.ensure_champion)
     log.info("demo.registry", home=str(s.home), champion=champion)
@@ -153,7 +158,7 @@ async def run_demo(
         }
         try:
             served = await _wait_for_champion(daemon, tasks["daemon"])
-            log.info("demo.serving", champion=served, drift_at_s=drift_at)
+            log.info("demo.serving", champion=served, shift_at_s=shift_at)
             replay = Replay(s, ReplayConfig(workflows=workflows, seed=seed), progress)
             result = await replay.run()
             # let the evaluator judge the last workflows before everything stops
@@ -169,8 +174,8 @@ async def run_demo(
                 except Exception as exc:  # one part failing must not hide the others' story
                     log.error("demo.part_failed", part=name, error=repr(exc))
     story = Story(
-        drift_at_s=drift_at,
-        drift=drift_cfg.__dict__ if drift_cfg else {},
+        shift_at_s=shift_at,
+        shift=shift_cfg.__dict__ if shift_cfg else {},
         served_by=served,
         replay={**result, "daemon_decisions": daemon.stats["decisions"]},
         outcomes=replay.workflow_outcomes(),
@@ -211,11 +216,18 @@ def _registry_story(reg: Registry) -> tuple[list[dict[str, Any]], list[dict[str,
     return versions, audit
 
 
+def demo_shift(settings: Settings, at_s: float) -> ShiftConfig:
+    """The settings' shift effects (`PRODUCTION_SHIFT` when none is set), from `at_s`."""
+    return replace(settings.sim.shift or PRODUCTION_SHIFT, at_s=at_s)
+
+
 def heuristic_context(
-    settings: Settings, workflows: int, drift_at: float | None, seed: int = 0
+    settings: Settings, workflows: int, shift_at: float | None, seed: int = 0
 ) -> list[dict[str, Any]]:
-    """The same workload (and drift) in the simulator under HEFT and least-loaded."""
-    drift = DriftConfig(at_s=drift_at) if drift_at is not None else None
+    """The same workload (and shift) in the simulator under the frozen shipped champion and
+    `heft_history`."""
+    shift = demo_shift(settings, shift_at) if shift_at is not None else None
     wl = replace(settings.sim.workload, workflows=workflows)
-    sc = replace(settings.sim, workload=wl, drift=drift)
-    return [simulate(sc, p, seed=seed) for p in ("heft", "least_loaded")]
+    sc = replace(settings.sim, workload=wl, shift=shift)
+    frozen = SchedulerPolicy(load_bundle(SHIPPED_CHAMPION, "shipped"), "frozen champion")
+    return [simulate(sc, p, seed=seed) for p in (frozen, "heft_history")]

@@ -1,4 +1,4 @@
-"""`dagsched demo`: the whole loop on this machine (drift midway), then the story."""
+"""`dagsched demo`: the whole loop on this machine (the world shifts midway), then the story."""
 
 from __future__ import annotations
 
@@ -20,17 +20,17 @@ def demo_cmd(
     ctx: typer.Context,
     workflows: int = typer.Option(200, "--workflows", min=2, help="Workflows to replay."),
     seed: int = typer.Option(0, "--seed", min=0, help="Seed of the replayed workload."),
-    drift: bool = typer.Option(True, "--drift/--no-drift", help="Inject a drift midway."),
+    shift: bool = typer.Option(True, "--shift/--no-shift", help="Shift the world midway."),
     as_json: bool = typer.Option(False, "--json", help="One JSON object on stdout."),
 ) -> None:
-    """Broker, daemon, learner, evaluator and a replay with a drift midway; tell the story."""
+    """Broker, daemon, learner, evaluator and a replay shifted midway; tell the story."""
     from dagsched.demo import heuristic_context, run_demo
 
     settings = state(ctx).settings()
     with progress_bar("replaying workflows", enabled=stderr_is_tty()) as progress:
-        story = asyncio.run(run_demo(settings, workflows, seed, drift, progress))
-    drift_at = story.drift_at_s if drift else None
-    context = heuristic_context(settings, workflows, drift_at, seed)
+        story = asyncio.run(run_demo(settings, workflows, seed, shift, progress))
+    shift_at = story.shift_at_s if shift else None
+    context = heuristic_context(settings, workflows, shift_at, seed)
     doc = story.to_dict()
     if as_json:
         doc["heuristics_in_simulator"] = context
@@ -49,12 +49,13 @@ def tell(doc: dict[str, Any], context: list[dict[str, Any]]) -> None:
         f" decisions, {r.get('duplicates', 0)} duplicates, {r.get('rejected', 0)} re-asked."
         f" Challenger share {doc['settings']['challenger_share']:.0%} of workflows."
     )
-    if doc["drift"]:
-        d = doc["drift"]
+    if doc["shift"]:
+        d = doc["shift"]
         console.print(
-            f"[bold]2. Drift[/bold] at simulated t={doc['drift_at_s']:.0f} s: a"
-            f" {d['node_share']:.0%} share of nodes {d['slowdown']:g}x slower, failures"
-            f" x{d['failure_mult']:g}, unannounced."
+            f"[bold]2. Shift[/bold] at simulated t={doc['shift_at_s']:.0f} s, unannounced: the"
+            f" retry after an OOM kill restarts for {d['oom_restart_s']:g} s, memory peaks"
+            f" spread {d['mem_spread']:g}x wider, noisy neighbours {d['neighbour_slowdown']:g};"
+            " the observation shows none of it until outcomes do."
         )
     versions = Table(title="3. Model versions (MLflow registry of this demo)")
     for col in ("version", "aliases", "origin", "parent", "resumed from", "transitions", "KL"):
@@ -87,7 +88,7 @@ def tell(doc: dict[str, Any], context: list[dict[str, Any]]) -> None:
     sla = Table(title="5. SLA attainment, workflows by arrival")
     for col in ("period", "all arms", "champion arm", "challenger arm"):
         sla.add_column(col, justify="right")
-    for period in ("before_drift", "after_drift", "all"):
+    for period in ("before_shift", "after_shift", "all"):
         cells = doc["sla"][period]
         sla.add_row(
             period.replace("_", " "),
@@ -97,7 +98,10 @@ def tell(doc: dict[str, Any], context: list[dict[str, Any]]) -> None:
             ),
         )
     console.print(sla)
-    table = Table(title="6. Same workload and drift: the served loop vs heuristics (simulator)")
+    table = Table(
+        title="6. Same workload and shift: the served loop vs the frozen champion and"
+        " heft_history (simulator)"
+    )
     table.add_column("policy")
     for k in KEYS:
         table.add_column(k, justify="right")

@@ -88,7 +88,10 @@ Action = tuple[str, Verdict]  # ("promote" | "retire" | "rollback", why)
 
 class Judge:
     """The A/B test between the current champion and challenger versions, and the guardrail
-    that watches a freshly promoted champion against the one it replaced."""
+    that watches a freshly promoted champion against the one it replaced: after the test
+    promoted it (`promoted`), or after a promotion by hand (`versions` sees the champion
+    change with the old one as `previous`; the baseline is then the old champion's SLA over
+    every workflow it served while this judge watched)."""
 
     def __init__(self, rule: DecisionRule, guardrail_window: int) -> None:
         self.rule = rule
@@ -97,9 +100,23 @@ class Judge:
         self.challenger: str | None = None
         self.test = ABTest(rule)
         self.watch: tuple[str, Running, Running] | None = None  # (new champion, old, new)
+        self.served = Running()  # SLA of every workflow the current champion served
 
-    def versions(self, champion: str | None, challenger: str | None) -> None:
-        """The registry's aliases now; a new pair restarts the test."""
+    def versions(
+        self, champion: str | None, challenger: str | None, previous: str | None = None
+    ) -> None:
+        """The registry's aliases now; a new pair restarts the test. A champion that replaced
+        the current one, which is now `previous`, is a promotion: watched by the guardrail
+        (unless the test's own promotion already watches it)."""
+        if champion != self.champion:
+            handmade = previous is not None and previous == self.champion
+            if (
+                handmade
+                and champion is not None
+                and (self.watch is None or self.watch[0] != champion)
+            ):
+                self.watch = (champion, self.served, Running())
+            self.served = Running()
         if (champion, challenger) != (self.champion, self.challenger):
             self.champion, self.challenger = champion, challenger
             self.test = ABTest(self.rule)
@@ -121,6 +138,8 @@ class Judge:
                 return "rollback", Verdict("retire", text, self.rule.describe(), {"sla": stats})
             if new.n >= self.guardrail_window:
                 self.watch = None
+        if s.version == self.champion:
+            self.served.add(s.sla)
         arm = {self.champion: "champion", self.challenger: "challenger"}.get(s.version)
         if arm is None or self.challenger is None:
             return None

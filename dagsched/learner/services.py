@@ -278,13 +278,14 @@ class EvaluatorService:
                 await consumer.stop()
 
     async def _refresh(self) -> None:
-        from dagsched.registry.store import CHALLENGER, CHAMPION
+        from dagsched.registry.store import CHALLENGER, CHAMPION, PREVIOUS
 
         reg = self.registry
-        champ, chall = await asyncio.to_thread(
-            lambda: (reg.alias_version(CHAMPION), reg.alias_version(CHALLENGER))
+        champ, chall, prev = await asyncio.to_thread(
+            lambda: tuple(reg.alias_version(a) for a in (CHAMPION, CHALLENGER, PREVIOUS))
         )
-        self.judge.versions(f"v{champ}" if champ else None, f"v{chall}" if chall else None)
+        v = lambda x: f"v{x}" if x else None  # noqa: E731
+        self.judge.versions(v(champ), v(chall), v(prev))  # a promotion by hand is watched too
 
     def _act(self, action: str, verdict: Any) -> None:
         stats = verdict.to_dict()

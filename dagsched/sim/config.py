@@ -287,6 +287,45 @@ class DriftConfig:
 
 
 @dataclass(frozen=True)
+class ShiftConfig:
+    """Production that differs from the training world where the observation cannot see it.
+
+    From `at_s` simulated seconds on (0: from the start), unannounced, each effect switched
+    off at its neutral value (README "The shifted world"):
+
+    - `oom_restart_s`: an attempt that follows an OOM kill of the same task first restarts
+      for this long (the state it had built was lost), holding its reservation, before it
+      computes. An OOM kill costs more than in training, so the right memory margin is larger.
+    - `mem_spread`: the spread of each task's memory peak around its family's median is
+      multiplied by this, for workflows arriving from `at_s` on; more tasks peak above what
+      their family's history predicts at the trained margin.
+    - `neighbour_slowdown`: a task starting on a node whose measured CPU use is a share `u`
+      of its cores computes `1 + neighbour_slowdown x u` times slower (noisy neighbours;
+      there is no interference in training).
+
+    Policies are not told: no view, observation or history carries any of it. They learn it
+    from outcomes only (later finishes, OOM kills, measured runtimes).
+    """
+
+    __pydantic_config__: ClassVar[dict[str, Any]] = _FORBID
+
+    at_s: float = 0.0
+    oom_restart_s: float = 0.0
+    mem_spread: float = 1.0
+    neighbour_slowdown: float = 0.0
+
+    def __post_init__(self) -> None:
+        _check(self.at_s >= 0, "at_s", "must be >= 0")
+        _check(self.oom_restart_s >= 0, "oom_restart_s", "must be >= 0")
+        _check(1 <= self.mem_spread <= 10, "mem_spread", "must be in [1, 10]")
+        _check(self.neighbour_slowdown >= 0, "neighbour_slowdown", "must be >= 0")
+
+
+# The shifted world's effects as the `shift` profile sets them (configs/shift.yaml), from t=0.
+PRODUCTION_SHIFT = ShiftConfig(oom_restart_s=600.0, mem_spread=2.0)
+
+
+@dataclass(frozen=True)
 class ScenarioConfig:
     """Everything a simulation run needs besides the policy and the seed."""
 
@@ -298,3 +337,4 @@ class ScenarioConfig:
     reward: RewardWeights = field(default_factory=RewardWeights)
     truth: TruthConfig = field(default_factory=TruthConfig)
     drift: DriftConfig | None = None
+    shift: ShiftConfig | None = None

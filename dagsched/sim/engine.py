@@ -23,6 +23,10 @@ assumed durable: a node failure loses running attempts, not finished outputs.
 A drift (`ScenarioConfig.drift`, or `drift()` at any time) makes some nodes slower than their
 advertised speed and raises their failure rates. Policies are not told: `cluster.speed` keeps
 the advertised figures, only `cluster.slowdown` (which policies must not read) changes.
+
+A shift (`ScenarioConfig.shift`, or `shift()` at any time) switches on the shifted world's
+effects (`sim.shift`): a long restart after an OOM kill, wider memory peaks, noisy
+neighbours. Policies are not told either; only outcomes show it.
 """
 
 from __future__ import annotations
@@ -37,10 +41,11 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from dagsched.sim.cluster import SLOWDOWN_WEIGHT, Cluster
-from dagsched.sim.config import DriftConfig, ScenarioConfig
+from dagsched.sim.config import DriftConfig, ScenarioConfig, ShiftConfig
 from dagsched.sim.history import History, measured_ratios
 from dagsched.sim.metrics import Metrics
 from dagsched.sim.reward import TaskOutcome, decision_reward, dominant_core_s, jain_with
+from dagsched.sim.shift import shifted_start
 from dagsched.sim.state import (
     CPU_BOUNDS,
     MEM_BOUNDS,
@@ -56,7 +61,7 @@ from dagsched.sim.truth import HiddenTruth
 from dagsched.sim.usage import UsageMeter
 from dagsched.sim.workflow import Workflow
 
-ARRIVAL, FINISH, FAIL, NODE_DOWN, NODE_UP, DRIFT = range(6)
+ARRIVAL, FINISH, FAIL, NODE_DOWN, NODE_UP, DRIFT, SHIFT = range(7)
 
 # Module-level aliases: a global lookup is several times cheaper than an enum class attribute.
 _WAITING, _READY, _QUEUED, _RUNNING, _DONE, _CANCELLED = TaskState
@@ -154,6 +159,11 @@ class Simulator:
         if scenario.drift is not None:
             self._push(scenario.drift.at_s, DRIFT, scenario.drift)
         self.drifted_at: float | None = None
+        self._shift: ShiftConfig | None = None  # the shift in effect (hidden from policies)
+        self._mem_spread = 1.0
+        if scenario.shift is not None:
+            self._push(scenario.shift.at_s, SHIFT, scenario.shift)
+        self.shifted_at: float | None = None
         self._next_arrival()
 
     # -- driving ------------------------------------------------------------------------------
@@ -266,6 +276,8 @@ class Simulator:
             self._node_up(obj)
         elif kind == DRIFT:
             self.drift(obj)
+        elif kind == SHIFT:
+            self.shift(obj)
 
     def _next_arrival(self) -> None:
         wf = next(self._arrivals, None)
@@ -288,7 +300,7 @@ class Simulator:
             m.first_arrival = self.now
             self.usage.start(self.now)
         m.enter(self.now)
-        ratios = self.truth.draw(wf, self._truth_rng).tolist()
+        ratios = self.truth.draw(wf, self._truth_rng, self._mem_spread).tolist()
         for t, (cpu, mem, rt) in zip(run.tasks, ratios, strict=True):
             t.use_cores = t.spec.cpu_cores * cpu
             t.peak_mem = t.spec.mem_gb * mem
@@ -399,6 +411,9 @@ class Simulator:
         actual = t.true_s / speed * c.slowdown[node]
         t.compute_s = actual * throttle if throttle > 1 else actual
         t.compute_start_s = now + xfer + spec.cold_start_s
+        if self._shift is not None:
+            own = t.use_cores if t.use_cores < t.res_cores else t.res_cores
+            shifted_start(self._shift, t, self.node_use[node][0] - own, c.cores_list[node])
         if t.res_mem < t.peak_mem:  # memory grows with progress until it crosses the limit
             at = t.compute_start_s + t.compute_s * t.res_mem / t.peak_mem
             self._push(at, FAIL, (t, _OOM), t.token)
@@ -544,6 +559,7 @@ class Simulator:
             self.metrics.oom_kills += 1
             self.history.oom(t.spec.family, t.res_mem / t.spec.mem_gb, self.now)
         self.cluster.record_failure(node, self.now)
+        t.after_oom = why == FailureKind.OOM
         t.failures += 1
         if t.failures > t.max_retries:
             t.state = _CANCELLED
@@ -640,3 +656,12 @@ class Simulator:
                 self._schedule_crash(node)
         self.drifted_at = self.now
         return nodes
+
+    # -- shift ------------------------------------------------------------------------------
+
+    def shift(self, cfg: ShiftConfig) -> None:
+        """Switch the shifted world on now (its `at_s` is ignored): attempts starting from now
+        pay its effects, workflows arriving from now draw its memory spread."""
+        self._shift = cfg
+        self._mem_spread = cfg.mem_spread
+        self.shifted_at = self.now

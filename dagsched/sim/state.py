@@ -89,6 +89,7 @@ class TaskRun:
 
     __slots__ = (
         "advertised_s",
+        "after_oom",
         "attempt",
         "compute_s",
         "compute_start_s",
@@ -126,6 +127,7 @@ class TaskRun:
         self.waiting_parents = len(run.wf.parents[idx])
         self.attempt = 0
         self.failures = 0
+        self.after_oom = False  # its last failed attempt was OOM-killed
         self.node = -1
         self.prev_node = -1
         self.cpu = self.mem = 0.0

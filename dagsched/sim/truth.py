@@ -54,13 +54,18 @@ class HiddenTruth:
             self._families[name] = got
         return got
 
-    def draw(self, wf: Workflow, rng: np.random.Generator) -> np.ndarray:
-        """[n, 3] ratios (CPU use, memory peak, runtime) for every task of `wf`."""
+    def draw(self, wf: Workflow, rng: np.random.Generator, mem_spread: float = 1.0) -> np.ndarray:
+        """[n, 3] ratios (CPU use, memory peak, runtime) for every task of `wf`; `mem_spread`
+        multiplies the memory peak's task spread (a shift, `ShiftConfig.mem_spread`) from
+        the same draws, so a shifted run keeps every other ratio of the unshifted one."""
         n = wf.size
         if self.cfg.exact:
             return np.ones((n, 3))
         fam = np.array([self.family(t.family) for t in wf.tasks])
-        out = fam * np.exp(rng.normal(0.0, 1.0, (n, 3)) * self._task_sigma)
+        sigma = self._task_sigma
+        if mem_spread != 1.0:
+            sigma = sigma * np.array((1.0, mem_spread, 1.0))
+        out = fam * np.exp(rng.normal(0.0, 1.0, (n, 3)) * sigma)
         np.clip(out[:, :2], *RATIO_BOUNDS, out=out[:, :2])
         np.clip(out[:, 2], *RUNTIME_BOUNDS, out=out[:, 2])
         return out

@@ -4,6 +4,7 @@ arms from the MLflow registry, and the evaluator service judging them from Kafka
 from __future__ import annotations
 
 import asyncio
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from dagsched.daemon.replay import Replay, ReplayConfig
 from dagsched.learner.services import EvaluatorService
 from dagsched.policy.bundle import load_bundle, save_bundle
 from dagsched.policy.model import ActorCritic
+from dagsched.registry.promotion import Promoter, audit_trail
 from dagsched.registry.store import CHALLENGER, CHAMPION, SHIPPED_CHAMPION, Registry
 from dagsched.settings import Settings
 from tests.daemon.conftest import wait_for
@@ -89,3 +91,59 @@ async def test_trained_challenger_beats_a_random_champion(
     assert verdicts[0]["action"] == "promote" and verdicts[0]["version"] == v2
     assert reg.alias_version(CHAMPION) == v2
     await daemon.until_serving("champion", f"v{v2}")  # the notice reached the daemon
+
+
+def _sabotaged() -> ActorCritic:
+    """A deliberately bad challenger: the shipped champion with its continuous head pushed
+    to the floor of every value (CPU 0.1 and memory 0.2 of the node, one retry), so tasks
+    OOM, get throttled and run out of retries."""
+    model = copy.deepcopy(load_bundle(SHIPPED_CHAMPION, "shipped").model)
+    last = model.cont_head[-1]
+    assert isinstance(last, torch.nn.Linear)
+    with torch.no_grad():
+        last.bias[0::2] = -12.0  # the shift of each Beta mean in logit space
+    return model
+
+
+async def test_guardrail_rolls_back_a_bad_version_promoted_by_hand(
+    settings: Settings, champion: Registry, start_daemon
+):
+    s = settings.model_copy(
+        update={"evaluator": settings.evaluator.model_copy(update={"guardrail_window": 80})}
+    )
+    shipped = load_bundle(SHIPPED_CHAMPION, "shipped")
+    folder = Path(s.home) / "bad"
+    save_bundle(folder, _sabotaged(), shipped.normalizer)
+    reg = champion
+    with reg.run("bad", {}) as run:
+        bad = reg.register_bundle(folder, run.run_id, metrics={}, parent="1", data="sabotaged")
+    good = reg.alias_version(CHAMPION)
+    verdicts: list[dict[str, Any]] = []
+    stop = asyncio.Event()
+    evaluator = EvaluatorService(s, verdicts.append)
+    judged = asyncio.create_task(evaluator.run(stop))
+    daemon = await start_daemon(s, registry=True)
+    await daemon.until_serving("champion", f"v{good}", timeout=60)
+    enough = asyncio.Event()
+    replay = asyncio.create_task(Replay(s, ReplayConfig(workflows=160, seed=5)).run(enough))
+    try:
+        # the good champion serves first, so the guardrail has a baseline
+        await wait_for(lambda: evaluator.samples >= 40, 300, "40 workflows of the champion")
+        await asyncio.to_thread(Promoter(reg).promote, bad, "hand-checked", "tester")
+        await daemon.until_serving("champion", f"v{bad}", timeout=30)
+        await wait_for(lambda: verdicts or replay.done(), 300, "a verdict or the replay's end")
+        enough.set()
+        await replay
+        await wait_for(lambda: verdicts, 60, "the guardrail's verdict")
+    finally:
+        stop.set()
+        await asyncio.wait_for(judged, 30)
+    assert [v["action"] for v in verdicts] == ["rollback"], verdicts
+    assert "guardrail" in verdicts[0]["reason"] and "error" not in verdicts[0]
+    assert reg.alias_version(CHAMPION) == good
+    assert reg.client.get_model_version(reg.name, bad).tags.get("rolled_back") == "true"
+    trail = audit_trail(reg, bad)
+    assert [a["action"] for a in trail] == ["promote", "rollback"]
+    assert trail[0]["actor"] == "tester"
+    assert trail[1]["actor"].startswith("evaluator:") and "guardrail" in trail[1]["reason"]
+    await daemon.until_serving("champion", f"v{good}")  # the daemons follow the rollback

@@ -24,11 +24,11 @@ async def test_demo_runs_the_loop_and_tells_what_happened(redis_url: str, tmp_pa
     story = await run_demo(s, workflows=10, seed=1)
     assert story.served_by == "v1"  # the shipped champion, registered in the demo registry
     assert story.settings["home"] == str(tmp_path / "demo")
-    assert story.drift_at_s == midway(s, 10, 1)
+    assert story.shift_at_s == midway(s, 10, 1)
     outcomes = story.outcomes
     assert len(outcomes) == 10  # every replayed workflow is accounted for (ended or failed)
     assert story.replay["workflows_failed"] + sum(o.end_s is not None for o in outcomes) == 10
-    assert sum(o.arrival_s < story.drift_at_s for o in outcomes) == 5
+    assert sum(o.arrival_s < story.shift_at_s for o in outcomes) == 5
     assert story.replay["duplicates"] == 0
     # the learner made at least one challenger, a head-only shadow of v1
     assert story.rounds
@@ -39,6 +39,7 @@ async def test_demo_runs_the_loop_and_tells_what_happened(redis_url: str, tmp_pa
     # every workflow was served by the champion or a challenger the learner made
     assert {o.version for o in outcomes} <= {"v1", *(f"v{r}" for r in story.rounds)}
     doc = json.loads(json.dumps(story.to_dict(), default=str))
-    before, after = doc["sla"]["before_drift"]["all"], doc["sla"]["after_drift"]["all"]
+    before, after = doc["sla"]["before_shift"]["all"], doc["sla"]["after_shift"]["all"]
+    assert doc["shift"]["oom_restart_s"] > 0 and doc["shift"]["at_s"] == story.shift_at_s
     assert before["workflows"] == after["workflows"] == 5
     assert 0.0 <= before["sla_attainment"] <= 1.0

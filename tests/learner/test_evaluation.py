@@ -75,3 +75,28 @@ def test_judge_ignores_versions_not_under_test() -> None:
     judge.versions("v1", "v2")
     assert all(_feed(judge, rng, "v9", 1.0) is None for _ in range(500))
     assert judge.test.arms["challenger"]["sla"].n == 0
+
+
+def test_judge_rolls_back_a_champion_promoted_by_hand() -> None:
+    rng = np.random.default_rng(2)
+    judge = Judge(RULE, guardrail_window=300)
+    judge.versions("v1", None)
+    assert all(_feed(judge, rng, "v1", 0.9) is None for _ in range(200))  # no test running
+    judge.versions("v2", None, previous="v1")  # `dagsched models promote 2`, by hand
+    action = None
+    for _ in range(300):
+        action = _feed(judge, rng, "v2", 0.4)
+        if action:
+            break
+    assert action == "rollback"
+    assert judge.watch is None
+
+
+def test_judge_does_not_watch_a_champion_change_that_is_no_promotion() -> None:
+    rng = np.random.default_rng(3)
+    judge = Judge(RULE, guardrail_window=300)
+    judge.versions("v2", None)
+    assert all(_feed(judge, rng, "v2", 0.9) is None for _ in range(200))
+    judge.versions("v1", None, previous=None)  # a rollback: no previous left
+    assert judge.watch is None
+    assert all(_feed(judge, rng, "v1", 0.4) is None for _ in range(300))

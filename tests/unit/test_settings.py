@@ -228,7 +228,7 @@ def test_bad_log_level():
 def test_unknown_profile_lists_the_known_ones():
     msg = error_of(profile="staging")
     assert "unknown profile 'staging'" in msg
-    assert "demo, prod, test" in msg
+    assert "demo, prod, shift, test" in msg
 
 
 def test_invalid_yaml_names_the_file(tmp_path):

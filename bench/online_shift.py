@@ -1,0 +1,328 @@
+"""Learning while serving in the shifted world: the loop against the frozen champion and
+heft_history, then the promoted version on held-out seeds, and A/A on the faithful world.
+
+Per seed, one workload of the default scenario (32 nodes, load 0.8, faults on) is played in
+the simulator three times, with the shift of the `shift` profile (`sim.shift`) switched on,
+unannounced, when the workflow at `--shift-at` of the run arrives: served by the frozen
+shipped champion, by the learning loop (`dagsched.learner.sim_loop.SimLoop`: the daemon's
+champion/challenger split, `finetune_heads` on the actor heads, the evaluator's sequential
+test and guardrail) starting from that champion, and by `heft_history`. Every run plays to
+its end, so every workflow's outcome is known.
+
+Then, held out: each seed's final loop champion (the promoted version, or the shipped one
+when nothing was promoted), the frozen champion and heft_history on `--held-out` fresh seeds
+of the shifted world (shift from t=0), as served (deterministic).
+
+A/A (`aa_false_promotion_rate`): the A/A logic of `bench/aa_false_promotions.py` (a
+challenger identical to the champion; verdict every 10 challenger workflows until the test
+decides) with the loop's share and decision rule, fed with real per-workflow outcomes (SLA,
+mean reward) of the frozen champion in the faithful, unshifted world, drawn at random.
+
+    .venv/bin/python bench/online_shift.py [--quick] [--json] [--seeds 3] [--workflows 2000]
+        [--shift-at 0.25] [--share S] [--every-n N] [--window W] [--lr LR] [--epochs E]
+        [--target-kl K] [--min-samples M] [--out DIR]
+
+Writes online_shift.json and online_shift.png under --out (default bench/results).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from harness.shift_report import plot, summarize_arm, table
+
+from dagsched.learner.evaluation import rule_from
+from dagsched.learner.online import FinetuneConfig
+from dagsched.learner.sequential import ABTest, DecisionRule
+from dagsched.learner.sim_loop import LoopConfig, LoopEvent, SimLoop, WorkflowResult
+from dagsched.policy.api import SchedulerPolicy
+from dagsched.policy.bundle import load_bundle
+from dagsched.policy.scheduler import GNNScheduler
+from dagsched.reporting import to_jsonable
+from dagsched.settings import load_settings
+from dagsched.sim.config import ScenarioConfig, ShiftConfig
+from dagsched.sim.engine import Simulator
+from dagsched.sim.runner import make_policy, simulate, stream_workflows
+from dagsched.sim.workflow import Workflow
+
+CHAMPION = Path(__file__).resolve().parent.parent / "models" / "champion"
+ARMS = ("frozen", "loop", "heft_history")
+HELD_OUT_SEED = 20_000
+AA_SEED = 30_000
+
+
+def workload(sc: ScenarioConfig, seed: int, n: int) -> Iterator[Workflow]:
+    return stream_workflows(sc, seed, n)
+
+
+def shift_time(sc: ScenarioConfig, seed: int, n: int, at: float) -> float:
+    """Arrival time of the workflow at share `at` of the run."""
+    k = min(n - 1, int(at * n))
+    return next(itertools.islice(workload(sc, seed, n), k, None)).arrival_s
+
+
+def play_loop(
+    sc: ScenarioConfig, seed: int, n: int, cfg: LoopConfig
+) -> tuple[list[WorkflowResult], SimLoop]:
+    loop = SimLoop(load_bundle(CHAMPION, "v1"), cfg, seed=seed)
+    results = loop.run(Simulator(sc, workload(sc, seed, n), seed=seed))
+    return results, loop
+
+
+def play_policy(sc: ScenarioConfig, seed: int, n: int, name: str) -> list[WorkflowResult]:
+    """Every workflow's result under a baseline policy (the loop's bookkeeping, no learning)."""
+    sim = Simulator(sc, workload(sc, seed, n), seed=seed)
+    res: dict[str, WorkflowResult] = {}
+
+    def hook(t: Any, o: Any, _r: float) -> None:
+        wf = t.run.wf
+        w = res.get(wf.id)
+        if w is None:
+            w = res[wf.id] = WorkflowResult(
+                wf.id, wf.arrival_s, wf.arrival_s + wf.deadline_s, name, name
+            )
+        if w.end_s is not None:
+            return
+        wf_failed = o.failed and t.failures + 1 > t.max_retries
+        if wf_failed or (not o.failed and t.run.remaining == 1):
+            w.end_s, w.failed = sim.now, wf_failed
+            w.met = not wf_failed and sim.now <= w.due_s + 1e-9
+
+    sim.on_outcome = hook
+    sim.run(make_policy(name, seed))
+    return sorted(res.values(), key=lambda w: w.arrival_s)
+
+
+def held_out(
+    sc: ScenarioConfig, scheds: dict[str, GNNScheduler | str], seeds: Sequence[int], n: int
+) -> dict[str, dict[str, float]]:
+    """SLA and mean JCT per name over `seeds`, `n` workflows each, shifted from t=0."""
+    wl = replace(sc.workload, workflows=n)
+    sc0 = replace(sc, workload=wl, shift=replace(sc.shift or ShiftConfig(), at_s=0.0))
+    out = {}
+    for name, pol in scheds.items():
+        rows = [
+            simulate(sc0, pol if isinstance(pol, str) else SchedulerPolicy(pol), seed=s)
+            for s in seeds
+        ]
+        out[name] = {
+            "sla": float(np.mean([r["sla_attainment"] for r in rows])),
+            "mean_jct_s": float(np.mean([r["mean_jct_s"] for r in rows])),
+            "oom_kills": float(np.mean([r["oom_kills"] for r in rows])),
+        }
+    return out
+
+
+def aa_rate(
+    samples: Sequence[tuple[float, float]], rule: DecisionRule, share: float, runs: int
+) -> dict[str, float]:
+    """Share of A/A tests that promote, each fed with `samples` drawn at random."""
+    sla = np.array([s for s, _ in samples])
+    reward = np.array([r for _, r in samples])
+    promoted, seen = 0, []
+    for seed in range(runs):
+        rng = np.random.default_rng(AA_SEED + seed)
+        test, n_c = ABTest(rule), 0
+        while True:
+            i = int(rng.integers(len(sla)))
+            challenger = rng.random() < share
+            test.add("challenger" if challenger else "champion", float(sla[i]), float(reward[i]))
+            if challenger:
+                n_c += 1
+                if n_c % 10 == 0 and (v := test.verdict()).decision != "continue":
+                    promoted += v.decision == "promote"
+                    seen.append(n_c)
+                    break
+    return {
+        "runs": runs,
+        "promoted": promoted,
+        "rate": promoted / runs,
+        "mean_challenger_workflows": float(np.mean(seen)),
+        "pool_workflows": len(samples),
+        "pool_sla": float(sla.mean()),
+    }
+
+
+def aa_pool(sc: ScenarioConfig, seeds: Sequence[int], n: int) -> list[tuple[float, float]]:
+    """(SLA met, mean reward) per workflow of the frozen champion, unshifted world."""
+    pool = []
+    for seed in seeds:
+        _, loop = play_loop(replace(sc, shift=None), seed, n, LoopConfig(learn=False))
+        rewards: dict[str, list[float]] = {}
+        for j in loop.window:
+            rewards.setdefault(j.workflow_id, []).append(j.reward)
+        for w in loop.workflows.values():
+            if w.end_s is not None and w.workflow_id in rewards:
+                pool.append((float(w.met), float(np.mean(rewards[w.workflow_id]))))
+    return pool
+
+
+def events_doc(seed: int, evs: Sequence[LoopEvent], arrivals: list[float]) -> list[dict]:
+    out = []
+    for e in evs:
+        out.append(
+            {
+                "seed": seed,
+                "at_h": round(e.at_s / 3600, 3),
+                "arrived": int(np.searchsorted(arrivals, e.at_s, side="right")),
+                "kind": e.kind,
+                "version": e.version,
+                "champion": e.champion,
+                "reason": e.detail.get("reason"),
+                "stats": e.detail.get("stats", {}),
+                "metrics": {k: v for k, v in e.detail.items() if k not in ("stats", "rule")},
+            }
+        )
+    return out
+
+
+def parse() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="2 seeds x 700 workflows, small A/A")
+    ap.add_argument("--json", action="store_true", help="print one JSON object (the summary)")
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--workflows", type=int, default=2000)
+    ap.add_argument("--shift-at", type=float, default=0.25, help="share of the run's arrivals")
+    ap.add_argument("--held-out", type=int, default=3, help="held-out seeds")
+    ap.add_argument("--held-out-workflows", type=int, default=200)
+    ap.add_argument("--aa-runs", type=int, default=200)
+    ap.add_argument("--aa-workflows", type=int, default=600)
+    ap.add_argument("--share", type=float, default=0.3)
+    ap.add_argument("--every-n", type=int, default=1000)
+    ap.add_argument("--window", type=int, default=5000)
+    ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--target-kl", type=float, default=0.02)
+    ap.add_argument("--min-samples", type=int, default=100)
+    ap.add_argument("--bucket-workflows", type=int, default=100)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", type=Path, default=Path("bench/results"))
+    args = ap.parse_args()
+    if args.quick:
+        args.seeds, args.workflows, args.held_out = 2, 700, 2
+        args.held_out_workflows, args.aa_workflows, args.aa_runs = 150, 400, 200
+    return args
+
+
+def main() -> None:
+    args = parse()
+    torch.set_num_threads(args.threads)
+    t0 = time.perf_counter()
+    s = load_settings(profile="shift")
+    assert s.sim.shift is not None
+    ft = FinetuneConfig(learning_rate=args.lr, update_epochs=args.epochs, target_kl=args.target_kl)
+    ev = s.evaluator.model_copy(update={"min_samples": args.min_samples})
+    cfg = LoopConfig(True, args.share, args.every_n, args.window, False, ft, ev)
+    wl = replace(s.sim.workload, workflows=args.workflows)
+    results: dict[str, list[list[WorkflowResult]]] = {a: [] for a in ARMS}
+    events: list[dict[str, Any]] = []
+    runs: list[dict[str, Any]] = []
+    promoted: dict[int, GNNScheduler] = {}
+    shift_at: dict[int, float] = {}
+    for seed in range(args.seeds):
+        base = replace(s.sim, workload=wl, shift=None)
+        at = shift_time(base, seed, args.workflows, args.shift_at)
+        sc = replace(base, shift=replace(s.sim.shift, at_s=at))
+        shift_at[seed] = at
+        arrivals = [w.arrival_s for w in workload(sc, seed, args.workflows)]
+        for arm in ARMS:
+            t1 = time.perf_counter()
+            if arm == "heft_history":
+                res = play_policy(sc, seed, args.workflows, arm)
+            else:
+                res, loop = play_loop(sc, seed, args.workflows, replace(cfg, learn=arm == "loop"))
+                if arm == "loop":
+                    events += events_doc(seed, loop.events, arrivals)
+                    if loop.champion != "v1":
+                        promoted[seed] = loop.versions[loop.champion]
+            results[arm].append(res)
+            wall = time.perf_counter() - t1
+            runs.append({"seed": seed, "arm": arm, "wall_s": round(wall, 1), "shift_at_s": at})
+            if not args.json:
+                print(f"seed {seed} {arm}: {wall:.0f} s", file=sys.stderr)
+
+    summary: dict[str, Any] = {}
+    per_arm = {a: summarize_arm(results[a], shift_at, args.bucket_workflows) for a in ARMS}
+    for arm in ARMS:
+        summary[f"{arm}_sla"] = per_arm[arm]["after"]["sla"]
+        summary[f"{arm}_mean_jct_s"] = per_arm[arm]["after"]["mean_jct_s"]
+    promos = [e for e in events if e["kind"] == "promote"]
+    first: dict[int, dict[str, Any]] = {}
+    for e in promos:
+        first.setdefault(e["seed"], e)
+    summary["promotions"] = len(promos)
+    summary["rollbacks"] = sum(e["kind"] == "rollback" for e in events)
+    summary["rounds"] = sum(e["kind"] == "round" for e in events)
+    summary["seeds_with_promotion"] = len(first)
+    summary["workflows_to_promotion"] = [first[k]["arrived"] for k in sorted(first)]
+
+    seeds = [HELD_OUT_SEED + i for i in range(args.held_out)]
+    champion = load_bundle(CHAMPION, "v1")
+    ho = held_out(
+        replace(s.sim, workload=wl),
+        {"frozen": champion, "heft_history": "heft_history"},
+        seeds,
+        args.held_out_workflows,
+    )
+    tuned = {
+        k: held_out(replace(s.sim, workload=wl), {"p": v}, seeds, args.held_out_workflows)["p"]
+        for k, v in promoted.items()
+    }
+    ho["promoted"] = {
+        m: float(np.mean([t[m] for t in tuned.values()])) if tuned else None
+        for m in ("sla", "mean_jct_s", "oom_kills")
+    }
+    ho["promoted_per_seed"] = tuned  # type: ignore[assignment]
+    summary["held_out"] = ho
+    pool = aa_pool(s.sim, [AA_SEED], args.aa_workflows)
+    aa = aa_rate(pool, rule_from(ev), args.share, args.aa_runs)
+    summary["aa_false_promotion_rate"] = aa["rate"]
+    summary["wall_s"] = round(time.perf_counter() - t0, 1)
+    p, f, h = ho["promoted"], ho["frozen"], ho["heft_history"]
+    summary["targets"] = {
+        "promoted_within_2000": len(first) == args.seeds
+        and all(n <= 2000 for n in summary["workflows_to_promotion"]),
+        "beats_frozen": p["sla"] is not None
+        and (p["mean_jct_s"] <= 0.95 * f["mean_jct_s"] or p["sla"] >= f["sla"] + 0.03),
+        "no_worse_than_heft_history": p["sla"] is not None
+        and p["sla"] >= h["sla"] - 0.01
+        and p["mean_jct_s"] <= 1.01 * h["mean_jct_s"],
+        "aa_at_most_5pct": aa["rate"] <= 0.05,
+    }
+    doc = {
+        "config": {
+            **{k: v for k, v in vars(args).items() if k not in ("out", "json")},
+            "shift": asdict(s.sim.shift),
+            "shift_at_s": shift_at,
+            "finetune": asdict(ft),
+            "evaluator": ev.model_dump(),
+            "nodes": s.sim.cluster.n_nodes,
+            "load": s.sim.workload.load,
+        },
+        "summary": summary,
+        "arms": per_arm,
+        "aa": aa,
+        "events": events,
+        "runs": runs,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "online_shift.json").write_text(json.dumps(to_jsonable(doc), indent=2) + "\n")
+    plot(args.out / "online_shift.png", per_arm, events, doc)
+    if args.json:
+        print(json.dumps(to_jsonable(summary)))
+    else:
+        table(doc)
+
+
+if __name__ == "__main__":
+    main()
