@@ -198,6 +198,11 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--aa-runs", type=int, default=200)
     ap.add_argument("--aa-workflows", type=int, default=600)
     ap.add_argument("--share", type=float, default=0.3)
+    ap.add_argument(
+        "--explore-share", type=float, default=0.0, help="workflows served sampled, to learn from"
+    )
+    ap.add_argument("--credit", default="task", choices=("task", "attempt"))
+    ap.add_argument("--load", type=float, default=None, help="default: the shift profile's")
     ap.add_argument("--every-n", type=int, default=1000)
     ap.add_argument("--window", type=int, default=5000)
     ap.add_argument("--lr", type=float, default=1e-4)
@@ -220,10 +225,24 @@ def main() -> None:
     t0 = time.perf_counter()
     s = load_settings(profile="shift")
     assert s.sim.shift is not None
-    ft = FinetuneConfig(learning_rate=args.lr, update_epochs=args.epochs, target_kl=args.target_kl)
+    ft = FinetuneConfig(
+        learning_rate=args.lr,
+        update_epochs=args.epochs,
+        target_kl=args.target_kl,
+        credit=args.credit,
+    )
     ev = s.evaluator.model_copy(update={"min_samples": args.min_samples})
-    cfg = LoopConfig(True, args.share, args.every_n, args.window, False, ft, ev)
+    cfg = LoopConfig(
+        share=args.share,
+        every_n=args.every_n,
+        window=args.window,
+        finetune=ft,
+        evaluator=ev,
+        explore_share=args.explore_share,
+    )
     wl = replace(s.sim.workload, workflows=args.workflows)
+    if args.load is not None:
+        wl = replace(wl, load=args.load)
     results: dict[str, list[list[WorkflowResult]]] = {a: [] for a in ARMS}
     events: list[dict[str, Any]] = []
     runs: list[dict[str, Any]] = []

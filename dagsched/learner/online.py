@@ -16,7 +16,10 @@ outcome after `timeout_s` gets the default outcome: failed, cost at demand.
 `finetune_heads` is PPO on the actor heads only (`ActorCritic.actor_parameters`): every other
 parameter has `requires_grad=False` and is bitwise unchanged. Importance ratios are against the
 logged behaviour log-prob, PPO-clipped; gradient norm clipped; an epoch loop that stops early
-once the approximate KL to the champion passes `target_kl`.
+once the approximate KL to the champion passes `target_kl`. Credit is per task
+(`task_returns`): an attempt is credited with what it and its task's later attempts earned,
+so an OOM kill pays for its retry; one-step credit found nothing to learn in the shifted
+world (README "The shifted world").
 """
 
 from __future__ import annotations
@@ -286,6 +289,10 @@ class FinetuneConfig:
     target_kl: float = 0.02
     update_epochs: int = 4
     minibatch_size: int = 64
+    # "task": an attempt's advantage is its reward plus the rewards of its task's later
+    # attempts (an OOM kill is charged what its retry then costs), normalised over the window;
+    # "attempt": its own reward minus the window's mean (one step)
+    credit: str = "task"
 
 
 @dataclass
@@ -294,6 +301,22 @@ class FinetuneResult:
 
     model: ActorCritic
     metrics: dict[str, float]
+
+
+def task_returns(data: Sequence[Joined]) -> list[float]:
+    """Per attempt, its reward plus the rewards of the later attempts of the same task in
+    `data`: what deciding this attempt led to. A reservation that gets a task OOM-killed is
+    charged its retry's lateness too, which its own reward cannot show."""
+    by_task: dict[str, list[int]] = {}
+    for i, t in enumerate(data):
+        by_task.setdefault(t.key[0], []).append(i)
+    out = [0.0] * len(data)
+    for idxs in by_task.values():
+        acc = 0.0
+        for i in sorted(idxs, key=lambda i: data[i].key[1], reverse=True):
+            acc += data[i].reward
+            out[i] = acc
+    return out
 
 
 def freeze_all_but_heads(model: ActorCritic) -> list[torch.nn.Parameter]:
@@ -328,9 +351,15 @@ def finetune_heads(
     b_node = torch.tensor([t.node_index for t in data], dtype=torch.int64)
     b_unit = torch.tensor([t.unit for t in data], dtype=torch.float32).clamp(1e-4, 1 - 1e-4)
     rewards = torch.tensor([t.reward for t in data], dtype=torch.float32)
-    # one-step advantages against the window's mean reward: the critic was trained on
-    # discounted returns, a different scale from one attempt's reward
-    b_adv = rewards - rewards.mean()
+    # advantages without the critic: it was trained on discounted returns, a different scale
+    # from one attempt's reward
+    if cfg.credit == "task":
+        togo = torch.tensor(task_returns(data), dtype=torch.float32)
+        b_adv = (togo - togo.mean()) / (togo.std() + 1e-8) if len(data) > 1 else togo * 0
+    elif cfg.credit == "attempt":
+        b_adv = rewards - rewards.mean()
+    else:
+        raise ValueError(f"unknown credit {cfg.credit!r}: task or attempt")
     with torch.no_grad():
         champ_logp = torch.cat(
             [

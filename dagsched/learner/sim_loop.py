@@ -56,6 +56,10 @@ class LoopConfig:
     replace_challenger: bool = False  # learner.replace_challenger
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
     evaluator: EvaluatorSettings = field(default_factory=EvaluatorSettings)
+    # share of workflows (the buckets after the challenger's) served by the challenger, or
+    # the champion while there is none, with sampled actions: the learner's exploration. Not
+    # judged; when > 0 the learner fine-tunes on these workflows' attempts only
+    explore_share: float = 0.0
 
 
 @dataclass
@@ -106,6 +110,7 @@ class SimLoop:
         self._decided: dict[tuple[str, int, int], Joined] = {}
         self._rewards: dict[str, list[float]] = {}
         self.sim: Simulator | None = None
+        self._explorers: dict[str, GNNScheduler] = {}
 
     # -- driving ------------------------------------------------------------------------------
 
@@ -127,10 +132,30 @@ class SimLoop:
         return sorted(self.workflows.values(), key=lambda w: w.arrival_s)
 
     def arm_of(self, workflow_id: str) -> str:
-        """The arm serving a task of this workflow now (the daemon's `Models.pick`)."""
-        if self.challenger is None or self.cfg.share <= 0:
-            return "champion"
-        return "challenger" if workflow_bucket(workflow_id) < self.cfg.share else "champion"
+        """The arm serving a task of this workflow now (the daemon's `Models.pick`, plus the
+        exploration slice)."""
+        bucket, share = workflow_bucket(workflow_id), self.cfg.share
+        if self.challenger is not None and bucket < share:
+            return "challenger"
+        if share <= bucket < share + self.cfg.explore_share:
+            return "explore"
+        return "champion"
+
+    def _server(self, arm: str) -> tuple[str, GNNScheduler]:
+        """The version serving `arm`, and its scheduler (sampling, for the explore arm)."""
+        if arm == "champion" or (arm == "explore" and self.challenger is None):
+            version = self.champion
+        else:
+            assert self.challenger is not None
+            version = self.challenger
+        sched = self.versions[version]
+        if arm != "explore":
+            return version, sched
+        if version not in self._explorers:
+            self._explorers[version] = GNNScheduler(
+                sched.model, sched.normalizer, version, deterministic=False
+            )
+        return version, self._explorers[version]
 
     def decide(self, sim: Simulator, ready: list[TaskRun]) -> list[Decision]:
         view = cluster_view(sim).batch_copy()  # each arm sees the earlier arms' placements
@@ -139,9 +164,7 @@ class SimLoop:
             arms.setdefault(self.arm_of(t.run.wf.id), []).append(i)
         out: list[Decision | None] = [None] * len(ready)
         for arm, idx in arms.items():
-            version = self.champion if arm == "champion" else self.challenger
-            assert version is not None
-            sched = self.versions[version]
+            version, sched = self._server(arm)
             tvs = [task_view(ready[i], sim) for i in idx]
             placements = sched.place(view, tvs)
             for k, (i, p) in enumerate(zip(idx, placements, strict=True)):
@@ -196,7 +219,7 @@ class SimLoop:
         for other in t.run.tasks:  # cancelled attempts never report
             self._decided.pop((wf.id, other.idx, other.attempt), None)
         sample = Sample(wf.id, res.arm, res.version, float(res.met), sum(rewards) / len(rewards))
-        if self.cfg.learn:
+        if self.cfg.learn and res.arm != "explore":
             action = self.judge.add(sample)
             if action is not None:
                 self.act(now, *action)
@@ -227,6 +250,8 @@ class SimLoop:
         base = chall if chall is not None and self.parent[chall] == self.champion else None
         champion = self.versions[self.champion]
         window = list(self.window)
+        if self.cfg.explore_share > 0:
+            window = [j for j in window if j.arm == "explore"] or window
         result = finetune_heads(
             champion.model,
             champion.normalizer,

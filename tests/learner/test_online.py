@@ -193,3 +193,33 @@ def test_outcomes_that_arrive_before_their_workflow_are_joined_when_it_comes(
     assert early == []
     (j,) = joiner.add(msgs[0], now=0.0)  # the workflow, last
     assert j.trainable and joiner.pending == {} and joiner.waiting == {}
+
+
+def _attempt(task: str, attempt: int, reward: float) -> Joined:
+    return Joined(
+        key=(task, attempt),
+        workflow_id=task.split("/")[0],
+        arm="champion",
+        version="v1",
+        reward=reward,
+        failed=False,
+        on_time=True,
+        end_at=0.0,
+        max_retries=3,
+    )
+
+
+def test_task_credit_charges_an_attempt_with_what_its_retries_cost() -> None:
+    from dagsched.learner.online import task_returns
+
+    # wf/0: OOM-killed (-0.5), then a retry that finished late (-2.0); wf/1: one clean attempt
+    data = [_attempt("wf/0", 1, -2.0), _attempt("wf/1", 0, -0.1), _attempt("wf/0", 0, -0.5)]
+    assert task_returns(data) == pytest.approx([-2.0, -0.1, -2.5])
+
+
+def test_credit_is_a_setting_with_a_clear_error(
+    model: ActorCritic, normalizer: FeatureNormalizer, transitions: list[Joined]
+) -> None:
+    assert FinetuneConfig().credit == "task"
+    with pytest.raises(ValueError, match="credit"):
+        finetune_heads(model, normalizer, transitions, FinetuneConfig(credit="workflow"))

@@ -6,10 +6,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
+from dagsched.learner.evaluation import Sample
 from dagsched.learner.online import FinetuneConfig
 from dagsched.learner.sequential import Verdict
 from dagsched.learner.sim_loop import LoopConfig, SimLoop
@@ -119,3 +121,26 @@ def test_split_matches_the_daemon_and_verdicts_move_the_versions(
         ("promote", "v2", "v2"),
         ("rollback", "v2", "v1"),
     ]
+
+
+def test_the_exploration_slice_samples_feeds_the_learner_and_is_not_judged(
+    champion: GNNScheduler,
+) -> None:
+    sc = _scenario(16)
+    loop = SimLoop(champion, LoopConfig(share=0.2, explore_share=0.4, every_n=10**9), seed=3)
+    judged: list[str] = []
+    add = loop.judge.add
+
+    def recorded(s: Sample) -> Any:
+        judged.append(s.arm)
+        return add(s)
+
+    loop.judge.add = recorded  # type: ignore[method-assign]
+    loop.run(Simulator(sc, generate_workflows(sc, 3), seed=3))
+    ids = {w.workflow_id for w in loop.workflows.values()}
+    explored = {i for i in ids if 0.2 <= workflow_bucket(i) < 0.6}
+    assert explored and explored != ids
+    assert all((j.arm == "explore") == (j.workflow_id in explored) for j in loop.window)
+    assert any(j.arm == "explore" for j in loop.window)
+    assert not loop._explorers["v1"].deterministic  # the champion, sampling
+    assert judged and "explore" not in judged  # outcomes judged: the champion's only
