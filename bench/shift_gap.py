@@ -9,7 +9,8 @@ round, to the model that played). Then both versions are evaluated as served
 (deterministic) on the same held-out seeds.
 
     .venv/bin/python bench/shift_gap.py [--rounds 4] [--train-workflows 150]
-        [--eval-seeds 3] [--eval-workflows 150] [--profile shift] [--out FILE]
+        [--eval-seeds 3] [--eval-workflows 150] [--profile shift] [--credit task|attempt]
+        [--lr LR] [--epochs E] [--target-kl K] [--out FILE]
 
 The shift is `sim.shift` of `--profile` (default: the `shift` profile, from t=0).
 """
@@ -68,6 +69,7 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--target-kl", type=float, default=0.05)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--credit", default="task", choices=("task", "attempt"))
     ap.add_argument("--out", type=Path, default=Path("bench/results/shift_gap.json"))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -80,7 +82,12 @@ def main() -> None:
     )
     eval_sc = replace(train_sc, workload=replace(s.sim.workload, workflows=args.eval_workflows))
     seeds = [EVAL_SEED + i for i in range(args.eval_seeds)]
-    ft = FinetuneConfig(learning_rate=args.lr, update_epochs=args.epochs, target_kl=args.target_kl)
+    ft = FinetuneConfig(
+        learning_rate=args.lr,
+        update_epochs=args.epochs,
+        target_kl=args.target_kl,
+        credit=args.credit,
+    )
     t0 = time.perf_counter()
     champion = load_bundle(CHAMPION, "v1")
     frozen = evaluate(champion, eval_sc, seeds)

@@ -56,6 +56,7 @@ class Models:
         self.version_of = version_of
         self.fallback = make_fallback(settings.daemon.fallback_policy)
         self.serving: dict[str, Loaded | None] = dict.fromkeys(ARMS)
+        self._explore: tuple[Scheduler, Scheduler] | None = None  # (served, its sampler)
         self._pending: dict[str, Loaded | None] = {}
         self._refused: dict[str, str] = {}
         self._wake = asyncio.Event()
@@ -67,19 +68,42 @@ class Models:
         return loaded[0] if loaded is not None else None
 
     def pick(self, task_key: str, attempt: int) -> str:
-        """The arm for a task: a `challenger_share` slice of workflows, stable by workflow id
-        (every task and attempt of a workflow goes to the same arm), when a challenger serves."""
+        """The arm for a task, stable by workflow id (every task and attempt of a workflow
+        goes to the same arm): a `challenger_share` slice of workflows when a challenger
+        serves, then an `explore_share` slice ("explore"), else the champion."""
         del attempt
         if self.serving["champion"] is None:
             return "fallback"
-        share = self.settings.daemon.challenger_share
-        if self.serving["challenger"] is None or share <= 0:
-            return "champion"
-        return "challenger" if workflow_bucket(task_key.rsplit("/", 1)[0]) < share else "champion"
+        d = self.settings.daemon
+        bucket = workflow_bucket(task_key.rsplit("/", 1)[0])
+        if self.serving["challenger"] is not None and bucket < d.challenger_share:
+            return "challenger"
+        if d.challenger_share <= bucket < d.challenger_share + d.explore_share:
+            return "explore"
+        return "champion"
 
     def scheduler(self, arm: str) -> Scheduler:
+        if arm == "explore":
+            return self._explorer()
         loaded = self.serving.get(arm)
         return loaded[1] if loaded is not None else self.fallback
+
+    def _explorer(self) -> Scheduler:
+        """The challenger (else the champion) sampling its actions: the exploration slice."""
+        loaded = self.serving["challenger"] or self.serving["champion"]
+        if loaded is None:
+            return self.fallback
+        from dagsched.policy.scheduler import GNNScheduler  # torch: only where a GNN serves
+
+        sched = loaded[1]
+        if not isinstance(sched, GNNScheduler):
+            return sched
+        if self._explore is None or self._explore[0] is not sched:
+            sampler = GNNScheduler(
+                sched.model, sched.normalizer, sched.version, deterministic=False
+            )
+            self._explore = (sched, sampler)
+        return self._explore[1]
 
     def swap(self) -> bool:
         """Install versions loaded since the last batch; True when anything changed."""

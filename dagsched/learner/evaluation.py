@@ -63,7 +63,7 @@ class WorkflowOutcomes:
 
     def add(self, j: Joined) -> Sample | None:
         info = self.joiner.workflows.get(j.workflow_id)
-        if info is None or j.arm == "fallback":
+        if info is None or j.arm in ("fallback", "explore"):  # explore: sampled, never judged
             return None
         t = self.tallies.setdefault(j.workflow_id, _Tally(j.arm, j.version))
         t.rewards.append(j.reward)

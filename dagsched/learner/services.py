@@ -139,6 +139,8 @@ class LearnerService:
             c.minibatch_size,
         )
         window = list(self.window)
+        if self.settings.daemon.explore_share > 0:  # learn from the sampled slice when there is one
+            window = [j for j in window if j.arm == "explore"] or window
         start = self.resume_point(parent)
         result = finetune_heads(
             champ.model, champ.normalizer, window, cfg, start=start.model if start else None

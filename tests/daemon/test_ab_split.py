@@ -1,5 +1,6 @@
 """The A/B split: a `challenger_share` slice of workflows, stable by workflow id, goes to the
-challenger; every decision names the arm and the registry version that served that arm."""
+challenger, the next `explore_share` slice to the exploration arm; every decision names the arm
+and the registry version that served that arm."""
 
 from __future__ import annotations
 
@@ -17,14 +18,20 @@ from tests.daemon.conftest import Client, make_settings, register_version
 async def test_challenger_gets_a_stable_share_of_workflows(
     broker, redis_url, tmp_path: Path, start_daemon, champion_template: Path
 ):
-    share = 0.3
-    s = make_settings(broker.bootstrap, redis_url, tmp_path, **{"daemon.challenger_share": share})
+    share, explore = 0.3, 0.2
+    s = make_settings(
+        broker.bootstrap,
+        redis_url,
+        tmp_path,
+        **{"daemon.challenger_share": share, "daemon.explore_share": explore},
+    )
     await ensure_topics(s)
     clone_mlflow_home(champion_template, s.home)
     reg = Registry(s)
     v2 = await asyncio.to_thread(register_version, reg, "the challenger")
     await asyncio.to_thread(reg.set_alias, CHALLENGER, v2)
-    served = {"champion": "v1", "challenger": f"v{v2}"}
+    # the exploration slice is served by the challenger, sampling
+    served = {"champion": "v1", "challenger": f"v{v2}", "explore": f"v{v2}"}
 
     client = await Client(s).start()
     try:
@@ -51,6 +58,11 @@ async def test_challenger_gets_a_stable_share_of_workflows(
     got = {wf for wf, a in arms.items() if a == {"challenger"}}
     assert got == expected
     assert 0.1 < len(got) / n_wf < 0.5
+    explored = {wf for wf, a in arms.items() if a == {"explore"}}
+    assert explored == {
+        f"wf-{i}" for i in range(n_wf) if share <= workflow_bucket(f"wf-{i}") < share + explore
+    }
+    assert explored
     by_arm = {arm: sum(x.arm == arm for x in decisions) for arm in served}
     for arm, n in by_arm.items():
         assert m.value("dagsched_decisions_total", arm=arm) == n

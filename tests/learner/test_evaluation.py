@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from dagsched.learner.evaluation import Judge, Sample, WorkflowOutcomes
@@ -42,6 +44,9 @@ def test_a_workflow_is_one_sample_when_all_tasks_finish_or_one_fails_for_good() 
     assert outcomes.add(_joined("wf-2", 0, 7, failed=True, attempt=1)) is None
     s = outcomes.add(_joined("wf-2", 0, 9, failed=True, attempt=2))
     assert s is not None and s.sla == 0.0 and s.reward == -0.5
+    # the exploration slice is sampled, for the learner: never a sample for the A/B test
+    explored = [replace(_joined("wf-1", t, 10), arm="explore") for t in (0, 1)]
+    assert [outcomes.add(j) for j in explored] == [None, None]
 
 
 def _feed(judge: Judge, rng: np.random.Generator, version: str, p: float) -> str | None:
