@@ -16,6 +16,7 @@ there is followed here.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 
 import numpy as np
@@ -33,7 +34,7 @@ from dagsched.sim.observation import (
 )
 from dagsched.sim.state import CPU_BOUNDS, MEM_BOUNDS
 from dagsched.sim.view import ClusterView, TaskView
-from dagsched.sim.workflow import TaskSpec, upward_rank
+from dagsched.sim.workflow import TaskSpec, Workflow, upward_rank
 
 # the node features a placement can change (they read free cores, free memory or the queue)
 DYNAMIC: tuple[int, ...] = tuple(
@@ -59,7 +60,9 @@ class BatchObservation:
     with `take`). `nodes0` holds every task's node features on the snapshot; `observe_next`
     gives the next task's on the view as it is now."""
 
-    def __init__(self, view: ClusterView, tasks: Sequence[TaskView]) -> None:
+    def __init__(
+        self, view: ClusterView, tasks: Sequence[TaskView], cache: DagCache | None = None
+    ) -> None:
         self.view, self.tasks = view, list(tasks)
         v, n, b = view, view.n, len(tasks)
         self.alive = v.alive.astype(bool)
@@ -127,7 +130,8 @@ class BatchObservation:
             axis=2,
         ).astype(np.float32)
         self.cluster0 = self._cluster_static(specs, preds, used_c, used_m)
-        self.dags = self._dags()
+        self.cache = cache if cache is not None else DagCache()
+        self.dags = self._dags(self.cache)
 
     # -- per task, on the view as it is now ---------------------------------------------------
 
@@ -296,16 +300,12 @@ class BatchObservation:
             )
         return np.array(rows, dtype=float)
 
-    def _dags(self) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Each task's `dag_features`: computed once per workflow (ranks included), then
-        per task only the done, active and this-task columns differ."""
-        base: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    def _dags(self, cache: DagCache) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Each task's `dag_features`: per workflow once (`cache`), then per task only the
+        done, active and this-task columns differ."""
         out = []
         for t in self.tasks:
-            key = id(t.workflow)
-            if key not in base:
-                base[key] = dag_features(t, upward_rank(t.workflow))
-            x, edges = base[key]
+            x, edges = cache.get(t)[:2]
             x = x.copy()
             x[:, _DONE] = t.done
             x[:, _ACTIVE] = t.active
@@ -313,3 +313,40 @@ class BatchObservation:
             x[t.idx, _THIS] = 1.0
             out.append((x, edges))
         return out
+
+
+class DagCache:
+    """Per workflow, what its DAG encoding's inputs do not owe to where it stands: the
+    `dag_features` of any of its tasks (upward ranks included; the done, active and
+    this-task columns are overwritten per task) and the edge list both ways with self loops,
+    sorted by destination (`in_edges`). Kept across batches for the workflow objects a caller
+    keeps (the daemon's workflow cache, the simulator's runs): keyed by the object, which the
+    entry holds so its id is not reused; at most `size` entries, least recently used out."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self.size = size
+        self._entries: OrderedDict[int, tuple[Workflow, *tuple[np.ndarray, ...]]] = OrderedDict()
+
+    def get(self, task: TaskView) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(features, edges [2, E], in-edge sources, in-edge destinations) of the task's DAG."""
+        wf = task.workflow
+        hit = self._entries.get(id(wf))
+        if hit is not None and hit[0] is wf:
+            self._entries.move_to_end(id(wf))
+            x, edges, src, dst = hit[1:]
+            return x, edges, src, dst
+        x, edges = dag_features(task, upward_rank(wf))
+        src, dst = in_edges(wf.size, edges)
+        self._entries[id(wf)] = (wf, x, edges, src, dst)
+        if len(self._entries) > self.size:
+            self._entries.popitem(last=False)
+        return x, edges, src, dst
+
+
+def in_edges(size: int, edges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One DAG's (src, dst) with edges both ways and self loops (as the model's GATv2 layers
+    see it), sorted by destination."""
+    src = np.concatenate([edges[0], edges[1], np.arange(size)])
+    dst = np.concatenate([edges[1], edges[0], np.arange(size)])
+    order = np.argsort(dst, kind="stable")
+    return src[order], dst[order]

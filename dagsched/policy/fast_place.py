@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dagsched.policy.api import Placement
-from dagsched.policy.batch_observation import BatchObservation
-from dagsched.policy.numpy_net import F32, FINISH_COLUMN, NumpyNet, batch_graph, in_edges
+from dagsched.policy.batch_observation import BatchObservation, DagCache
+from dagsched.policy.numpy_net import F32, FINISH_COLUMN, NumpyNet, batch_graph
 from dagsched.sim.observation import Observation
 from dagsched.sim.state import CPU_BOUNDS, MEM_BOUNDS, RETRY_BOUNDS
 from dagsched.sim.view import ClusterView, TaskView
@@ -52,11 +52,12 @@ def place_fast(
     cluster: ClusterView,
     tasks: Sequence[TaskView],
     rng: np.random.Generator | None = None,
+    cache: DagCache | None = None,
 ) -> Placed:
     """Place `tasks` in order on a copy of `cluster`; `rng` None: argmax node and Beta means
-    (serving), else sampled with it."""
+    (serving), else sampled with it. `cache` keeps workflows' DAG inputs across batches."""
     view = cluster.batch_copy()
-    obs = BatchObservation(view, tasks)
+    obs = BatchObservation(view, tasks, cache)
     dag_part = _encode(net, obs) @ net.cl1_dag  # [B, H]
     xn = net.normalize("nodes", obs.nodes0)  # [B, n, F]
     emb = net.node_embed(xn)
@@ -92,13 +93,10 @@ def place_fast(
 
 def _encode(net: NumpyNet, obs: BatchObservation) -> np.ndarray:
     """The DAG encoder over every task's DAG, one pass: [B, 2H]."""
-    graphs: dict[int, tuple[int, np.ndarray, np.ndarray]] = {}
     parts = []
-    for t, (x, edges) in zip(obs.tasks, obs.dags, strict=True):
-        key = id(t.workflow)
-        if key not in graphs:
-            graphs[key] = (x.shape[0], *in_edges(x.shape[0], edges))
-        parts.append(graphs[key])
+    for t in obs.tasks:
+        src, dst = obs.cache.get(t)[2:]
+        parts.append((t.workflow.size, src, dst))
     graph, firsts = batch_graph(parts)
     this = firsts + np.array([t.idx for t in obs.tasks], dtype=np.int64)
     dag_x = np.concatenate([x for x, _ in obs.dags])

@@ -84,6 +84,9 @@ class Gat:
     att: np.ndarray  # [heads, C]
     bias: np.ndarray  # [C]
     heads: int
+    # `att` as a block-diagonal [heads x C, heads] matrix: the per-head dot products of the
+    # edge features as one matrix product
+    att_blocks: np.ndarray
 
     @classmethod
     def of(cls, conv: nn.Module) -> Gat:
@@ -102,9 +105,12 @@ class Gat:
             raise Unsupported(f"GATv2 layer not mirrored: {conv!r}")
         att, bias = conv.att, conv.bias
         assert isinstance(att, Tensor) and isinstance(bias, Tensor)
-        return cls(
-            Dense.of(conv.lin_l), Dense.of(conv.lin_r), _a(att)[0], _a(bias), int(conv.heads)
-        )
+        a = _a(att)[0]
+        h, c = a.shape
+        blocks = np.zeros((h * c, h), dtype=F32)
+        for k in range(h):
+            blocks[k * c : (k + 1) * c, k] = a[k]
+        return cls(Dense.of(conv.lin_l), Dense.of(conv.lin_r), a, _a(bias), h, blocks)
 
     def __call__(self, x: np.ndarray, graph: Graph, work: Workspace) -> np.ndarray:
         t, h = x.shape[0], self.heads
@@ -114,7 +120,7 @@ class Gat:
         e = np.take(xl, graph.src, axis=0, out=work.get("e", shape))
         np.add(e, np.take(xr, graph.dst, axis=0, out=work.get("xr", shape)), out=e)
         np.maximum(e, np.multiply(e, F32(_NEG_SLOPE), out=work.get("xr", shape)), out=e)
-        alpha = graph.softmax(np.einsum("ehc,hc->eh", e, self.att))  # [E, heads]
+        alpha = graph.softmax(e.reshape(e.shape[0], -1) @ self.att_blocks)  # [E, heads]
         # per head, the attention-weighted sum of the sources: a sparse [T, T] product
         per_head = np.ascontiguousarray(xl.transpose(1, 0, 2))
         out = graph.aggregate(alpha[:, 0], per_head[0])
@@ -162,16 +168,9 @@ class Graph:
         return ex / (total[self.dst] + F32(1e-16))
 
 
-def in_edges(size: int, edges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """One DAG's (src, dst) with edges both ways and self loops, sorted by destination."""
-    src = np.concatenate([edges[0], edges[1], np.arange(size)])
-    dst = np.concatenate([edges[1], edges[0], np.arange(size)])
-    order = np.argsort(dst, kind="stable")
-    return src[order], dst[order]
-
-
 def batch_graph(parts: Sequence[tuple[int, np.ndarray, np.ndarray]]) -> tuple[Graph, np.ndarray]:
-    """The union of DAGs given as (size, src, dst) from `in_edges`, and each DAG's first row."""
+    """The union of DAGs given as (size, src, dst) (`batch_observation.in_edges`: edges both
+    ways and self loops, sorted by destination), and each DAG's first row."""
     sizes = np.array([p[0] for p in parts], dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
     src = np.concatenate([s + o for (_, s, _), o in zip(parts, offsets, strict=True)])

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from dagsched.policy.api import Placement
+from dagsched.policy.batch_observation import DagCache
 from dagsched.policy.batching import collate, collate_dags
 from dagsched.policy.fast_place import place_fast
 from dagsched.policy.model import ActorCritic, PolicyOutput, act, from_unit
@@ -54,6 +55,7 @@ class GNNScheduler:
         self._net: NumpyNet | None = None
         self._net_key: Any = None
         self._unsupported = False
+        self._dags = DagCache()
 
     def compile(self) -> GNNScheduler:
         """Run the forward pass through `torch.compile` (inductor, dynamic shapes).
@@ -75,7 +77,7 @@ class GNNScheduler:
         rng = None
         if not self.deterministic:  # drawn from torch's generator: torch.manual_seed holds
             rng = np.random.default_rng(int(torch.randint(0, 2**62, ()).item()))
-        done = place_fast(net, cluster, tasks, rng)
+        done = place_fast(net, cluster, tasks, rng, self._dags)
         self.last_observations, self.last_units = done.observations, done.units
         self.last_values = done.values
         return done.placements
