@@ -97,7 +97,8 @@ class BatchObservation:
         used_m = v.used_mem * self.inv_m if v.used_mem is not None else np.zeros(n)
         top_gpu = float(v.gpu_mem_gb.max())
 
-        x = np.empty((b, n, len(NODE_FEATURES)))
+        # float32 from the start: assigning float64 columns rounds each value as astype does
+        x = np.empty((b, n, len(NODE_FEATURES)), dtype=np.float32)
         x[:, :, _COL["net_in_gb"]] = v.net_in_bytes / GB
         x[:, :, _COL["failure_rate"]] = v.failure_rate
         x[:, :, _COL["gpu_mem"]] = v.gpu_mem_gb / top_gpu if top_gpu > 0 else np.zeros(n)
@@ -119,7 +120,7 @@ class BatchObservation:
         self._n_alive = int(self.alive.sum())
         self._dyn_buf = np.empty((n, len(DYNAMIC)))
         x[:, :, DYNAMIC] = self._dynamic_all()
-        self.nodes0 = x.astype(np.float32)  # [B, n, F] on the snapshot
+        self.nodes0 = x  # [B, n, F] on the snapshot
         self.dyn0 = np.ascontiguousarray(self.nodes0[:, :, DYNAMIC])
         self.anchor = np.stack(
             [

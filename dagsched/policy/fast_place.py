@@ -64,7 +64,7 @@ def place_fast(
     part = net.scorer_node_part(emb)
     alive = obs.alive
     weight = alive.astype(np.float64)[:, None]
-    emb_sum = np.einsum("bnh,n->bh", emb.astype(np.float64), weight[:, 0])
+    emb_sum = (alive.astype(F32) @ emb).astype(np.float64)  # [B, H]
     count = max(1.0, float(alive.sum()))
     out = Placed()
     for i in range(len(tasks)):
