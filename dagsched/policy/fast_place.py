@@ -27,7 +27,7 @@ import numpy as np
 
 from dagsched.policy.api import Placement
 from dagsched.policy.batch_observation import BatchObservation, DagCache
-from dagsched.policy.numpy_net import F32, FINISH_COLUMN, NumpyNet, batch_graph
+from dagsched.policy.numpy_net import F32, NumpyNet, batch_graph
 from dagsched.sim.observation import Observation
 from dagsched.sim.state import CPU_BOUNDS, MEM_BOUNDS, RETRY_BOUNDS
 from dagsched.sim.view import ClusterView, TaskView
@@ -62,9 +62,11 @@ def place_fast(
     xn = net.normalize("nodes", obs.nodes0)  # [B, n, F]
     emb = net.node_embed(xn)
     part = net.scorer_node_part(emb)
+    prior = net.prior_part(xn)  # [B, n]
     alive = obs.alive
-    weight = alive.astype(np.float64)[:, None]
-    emb_sum = (alive.astype(F32) @ emb).astype(np.float64)  # [B, H]
+    all_alive = bool(alive.all())
+    weight = alive.astype(F32)
+    emb_sum = (weight @ emb).astype(np.float64)  # [B, H]
     count = max(1.0, float(alive.sum()))
     out = Placed()
     for i in range(len(tasks)):
@@ -72,13 +74,18 @@ def place_fast(
         if changed.size:  # the rows earlier placements changed: embedded again
             x = net.normalize("nodes", nodes[changed])
             e = net.node_embed(x)
-            emb_sum[i] += ((e - emb[i, changed]) * weight[changed]).sum(axis=0)
-            emb[i, changed], part[i, changed], xn[i, changed] = e, net.scorer_node_part(e), x
+            emb_sum[i] += weight[changed] @ (e - emb[i, changed])
+            emb[i, changed], part[i, changed] = e, net.scorer_node_part(e)
+            prior[i, changed] = net.prior_part(x)
         cl = obs.cluster(i)
-        ctx = net.context(net.normalize("cluster", cl), dag_part[i])
-        logits = np.where(alive, net.logits(part[i], ctx, xn[i, :, FINISH_COLUMN]), _MASKED)
+        c_score, c_cont, c_value = net.context_parts(
+            net.context(net.normalize("cluster", cl), dag_part[i])
+        )
+        logits = net.logits(part[i], c_score, prior[i])
+        if not all_alive:
+            logits = np.where(alive, logits, _MASKED)
         node, node_logp = _choose(logits, rng)
-        unit, beta_logp = _continuous(net.cont_raw(emb[i, node], ctx), obs.anchor[i, node], rng)
+        unit, beta_logp = _continuous(net.cont_raw(emb[i, node], c_cont), obs.anchor[i, node], rng)
         vals = LOW + unit * SPAN
         p = Placement(
             node, float(vals[0]), float(vals[1]), round(float(vals[2])), node_logp + beta_logp
@@ -86,7 +93,7 @@ def place_fast(
         out.placements.append(p)
         out.observations.append(obs.observation(i, nodes, cl))
         out.units.append([float(u) for u in unit])
-        out.values.append(net.value(ctx, (emb_sum[i] / count).astype(F32)))
+        out.values.append(net.value(c_value, (emb_sum[i] / count).astype(F32)))
         obs.take(i, p.node, p.cpu, p.mem)
     return out
 

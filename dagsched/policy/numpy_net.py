@@ -215,6 +215,7 @@ class NumpyNet:
         self.co1_node, self.co1_ctx, self.co1_b = co1.w[:h], co1.w[h:], co1.b
         cr1, self.cr2 = _mlp(model.critic)
         self.cr1_ctx, self.cr1_mean, self.cr1_b = cr1.w[:h], cr1.w[h:], cr1.b
+        self.ctx_w = np.ascontiguousarray(np.hstack([self.sc1_ctx, self.co1_ctx, self.cr1_ctx]))
         # the prior's beta as torch computes it: exp in float32
         self.prior_beta = (
             F32(model.prior.log_beta.detach().exp().item()) if model.prior is not None else None
@@ -274,21 +275,31 @@ class NumpyNet:
         times `cl1_dag`, once per batch): [H]."""
         return np.tanh(self.cl2(np.tanh(cluster_n @ self.cl1_cluster + dag_part + self.cl1_b)))
 
-    def logits(self, node_part: np.ndarray, ctx: np.ndarray, finish_n: np.ndarray) -> np.ndarray:
-        """Unmasked node logits [n] from the node parts [n, H], the context and the
-        normalised finish-time feature [n] (the prior's)."""
-        out = np.tanh(node_part + ctx @ self.sc1_ctx) @ self.sc2.w[:, 0] + self.sc2.b[0]
+    def prior_part(self, xn: np.ndarray) -> np.ndarray:
+        """What the logits add to the scorer's output per node, from the normalised node
+        features [..., Fn]: the scorer's output bias and the finish prior, [...]."""
+        out = np.full(xn.shape[:-1], self.sc2.b[0], dtype=F32)
         if self.prior_beta is not None:
-            out = out + -self.prior_beta * finish_n
+            out += -self.prior_beta * xn[..., FINISH]
         return out
 
-    def cont_raw(self, emb: np.ndarray, ctx: np.ndarray) -> np.ndarray:
+    def context_parts(self, ctx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The context's halves of the scorer's, the continuous head's and the critic's
+        first layers, as one product."""
+        h = self.hidden
+        both = ctx @ self.ctx_w
+        return both[:h], both[h : 2 * h], both[2 * h :]
+
+    def logits(self, node_part: np.ndarray, ctx_part: np.ndarray, prior: np.ndarray) -> np.ndarray:
+        """Unmasked node logits [n] from the node parts [n, H], the context's part and the
+        prior part [n]."""
+        return np.tanh(node_part + ctx_part) @ self.sc2.w[:, 0] + prior
+
+    def cont_raw(self, emb: np.ndarray, ctx_part: np.ndarray) -> np.ndarray:
         """The continuous head at one node: [6] = (shift, concentration) per value."""
-        return self.co2(np.tanh(emb @ self.co1_node + ctx @ self.co1_ctx + self.co1_b))
+        return self.co2(np.tanh(emb @ self.co1_node + ctx_part + self.co1_b))
 
-    def value(self, ctx: np.ndarray, mean_node: np.ndarray) -> float:
-        z = np.tanh(ctx @ self.cr1_ctx + mean_node @ self.cr1_mean + self.cr1_b)
+    def value(self, ctx_part: np.ndarray, mean_node: np.ndarray) -> float:
+        """The critic from the context's part and the alive nodes' mean embedding."""
+        z = np.tanh(ctx_part + mean_node @ self.cr1_mean + self.cr1_b)
         return float(self.cr2(z)[0])
-
-
-FINISH_COLUMN = FINISH
