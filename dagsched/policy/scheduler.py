@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+import structlog
 import torch
 
 from dagsched.policy.api import Placement
@@ -18,6 +19,8 @@ from dagsched.policy.numpy_net import NumpyNet, Unsupported
 from dagsched.sim.observation import Observation, dag_features, observe
 from dagsched.sim.view import ClusterView, TaskView
 from dagsched.sim.workflow import upward_rank
+
+log = structlog.get_logger(__name__)
 
 
 class GNNScheduler:
@@ -93,7 +96,8 @@ class GNNScheduler:
         if self._net is None or key != self._net_key:
             try:
                 self._net = NumpyNet(self.model, self.normalizer)
-            except Unsupported:
+            except Unsupported as exc:  # served, but by the plain path (several times slower)
+                log.warning("policy.fast_path_unsupported", version=self.version, reason=str(exc))
                 self._unsupported = True
                 return None
             self._net_key = key

@@ -181,3 +181,18 @@ def test_the_numpy_mirror_follows_weights_changed_in_place(
         model.load_state_dict(champion.model.state_dict())
     assert sched.numpy_net() is not first
     assert_fast_equals_plain(sched, view, tasks)
+
+
+def test_a_model_the_mirror_does_not_know_is_served_by_the_plain_path(
+    champion: GNNScheduler, batches: dict[str, tuple[ClusterView, list[TaskView]]]
+) -> None:
+    class Wider(ActorCritic):  # another architecture: the numpy mirror must not guess
+        pass
+
+    torch.manual_seed(5)
+    model = Wider(ModelConfig(finish_prior=10.0)).eval()
+    sched = GNNScheduler(model, champion.normalizer, "t")
+    assert sched.numpy_net() is None
+    view, tasks = batches["8 nodes, busy"]
+    plain = GNNScheduler(model, champion.normalizer, "t")
+    assert sched.place(view, tasks) == plain.place_reference(view, tasks)
