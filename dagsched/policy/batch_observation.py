@@ -56,9 +56,9 @@ _DONE, _ACTIVE, _THIS = (DAG_FEATURES.index(f) for f in ("done", "active", "this
 
 
 class BatchObservation:
-    """The observations of `tasks`, in order, on `view` (a `batch_copy` the caller places on
-    with `take`). `nodes0` holds every task's node features on the snapshot; `observe_next`
-    gives the next task's on the view as it is now."""
+    """The observations of `tasks`, in order, on `view` (a `batch_copy`, placed on with
+    `take`). `nodes0` holds every task's node features on the snapshot; `nodes(i)` and
+    `cluster(i)` give task `i`'s on the view as the earlier placements left it."""
 
     def __init__(
         self, view: ClusterView, tasks: Sequence[TaskView], cache: DagCache | None = None
@@ -88,11 +88,12 @@ class BatchObservation:
         slow = np.maximum(1.0, cpu / self.res_c)
         self.compute = dur / speed * slow * v.slowdown
         self.transfer = np.stack([transfer_estimate_s(v, t) for t in tasks]).reshape(b, n)
-        self.compute_mean = np.array([c.mean() for c in self.compute])
+        # each row's mean as `ndarray.mean` computes it (the same pairwise sum), in one call
+        self.compute_mean = np.add.reduce(self.compute, axis=1) / n
         p_cpu_f, p_mem_f = demand_fractions(v, p_cores, p_mem)  # type: ignore[arg-type]
         self.p_res_c, self.p_res_m = p_cpu_f * v.cores, p_mem_f * v.mem_gb
         self.p_compute = dur * p_rt / speed * v.slowdown
-        self.p_compute_mean = np.array([c.mean() for c in self.p_compute])
+        self.p_compute_mean = np.add.reduce(self.p_compute, axis=1) / n
         used_c = v.used_cores * self.inv_c if v.used_cores is not None else np.zeros(n)
         used_m = v.used_mem * self.inv_m if v.used_mem is not None else np.zeros(n)
         top_gpu = float(v.gpu_mem_gb.max())

@@ -12,17 +12,19 @@ concatenation, so that the part of a sum that does not change is computed once:
 - the critic takes (context, mean node embedding).
 
 The DAG encoder (two GATv2 layers with self loops, attention pooling) is PyG's arithmetic
-over an edge list sorted by destination (segment softmax with `reduceat`). Everything is
-float32 like the torch model; results agree with it to float rounding, which
+over one edge list for the batch, sorted by destination: segment softmax with `reduceat`,
+the attention-weighted sums as sparse products (scipy, which scikit-learn brings). Everything
+is float32 like the torch model; results agree with it to float rounding, which
 `tests/policy/test_fast_exact.py` checks decision by decision.
 
-`NumpyNet.of` refuses (raises `Unsupported`) a model whose structure is not the one this
-file mirrors, so a changed architecture falls back to the plain forward pass instead of
-serving different numbers.
+`NumpyNet(model, normalizer)` refuses (raises `Unsupported`) a model whose structure is not
+the one this file mirrors, so a changed architecture falls back to the plain forward pass
+instead of serving different numbers.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -130,18 +132,19 @@ class Gat:
 
 
 class Workspace:
-    """Reused scratch arrays for the encoder's per-edge work. Fresh multi-megabyte
-    temporaries are mapped and faulted in anew at every operation (glibc hands them to mmap),
-    which cost more than the arithmetic on this 2-core machine."""
+    """Reused scratch arrays for the encoder's per-edge work, one set per thread. Fresh
+    multi-megabyte temporaries are mapped and faulted in anew at every operation (glibc hands
+    them to mmap), which cost more than the arithmetic on this 2-core machine."""
 
     def __init__(self) -> None:
-        self._bufs: dict[str, np.ndarray] = {}
+        self._local = threading.local()
 
     def get(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        bufs: dict[str, np.ndarray] = self._local.__dict__.setdefault("bufs", {})
         size = int(np.prod(shape))
-        buf = self._bufs.get(name)
+        buf = bufs.get(name)
         if buf is None or buf.size < size:
-            buf = self._bufs[name] = np.empty(max(size, 1 << 16), dtype=F32)
+            buf = bufs[name] = np.empty(max(size, 1 << 16), dtype=F32)
         return buf[:size].reshape(shape)
 
 
