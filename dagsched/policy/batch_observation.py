@@ -323,10 +323,12 @@ class DagCache:
     this-task columns are overwritten per task) and the edge list both ways with self loops,
     sorted by destination (`in_edges`). Kept across batches for the workflow objects a caller
     keeps (the daemon's workflow cache, the simulator's runs): keyed by the object, which the
-    entry holds so its id is not reused; at most `size` entries, least recently used out."""
+    entry holds so its id is not reused; least recently used out beyond `max_rows` task rows
+    in all (~120 bytes each, so ~60 MB at the default, whatever the workflows' sizes)."""
 
-    def __init__(self, size: int = 4096) -> None:
-        self.size = size
+    def __init__(self, max_rows: int = 500_000) -> None:
+        self.max_rows = max_rows
+        self.rows = 0
         self._entries: OrderedDict[int, tuple[Workflow, *tuple[np.ndarray, ...]]] = OrderedDict()
 
     def get(self, task: TaskView) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -339,9 +341,14 @@ class DagCache:
             return x, edges, src, dst
         x, edges = dag_features(task, upward_rank(wf))
         src, dst = in_edges(wf.size, edges)
+        old = self._entries.pop(id(wf), None)  # a workflow gone, its id reused
+        if old is not None:
+            self.rows -= old[0].size
         self._entries[id(wf)] = (wf, x, edges, src, dst)
-        if len(self._entries) > self.size:
-            self._entries.popitem(last=False)
+        self.rows += wf.size
+        while self.rows > self.max_rows and len(self._entries) > 1:
+            _, (gone, *_) = self._entries.popitem(last=False)
+            self.rows -= gone.size
         return x, edges, src, dst
 
 

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 
+from dagsched.policy.batch_observation import DagCache
 from dagsched.policy.batching import collate
 from dagsched.policy.bundle import load_bundle
 from dagsched.policy.model import ActorCritic, ModelConfig, evaluate
@@ -196,3 +197,20 @@ def test_a_model_the_mirror_does_not_know_is_served_by_the_plain_path(
     view, tasks = batches["8 nodes, busy"]
     plain = GNNScheduler(model, champion.normalizer, "t")
     assert sched.place(view, tasks) == plain.place_reference(view, tasks)
+
+
+def test_the_dag_cache_is_bounded_by_task_rows(
+    batches: dict[str, tuple[ClusterView, list[TaskView]]],
+) -> None:
+    _, tasks = batches["32 nodes, busy"]
+    by_wf = {id(t.workflow): t for t in tasks}
+    assert len(by_wf) >= 3
+    first, *rest = by_wf.values()
+    cache = DagCache(max_rows=first.workflow.size + 1)
+    x = cache.get(first)[0]
+    assert cache.get(first)[0] is x  # kept
+    for t in rest:
+        cache.get(t)
+        assert cache.rows <= max(cache.max_rows, t.workflow.size)
+    assert cache.get(first)[0] is not x  # evicted, built again
+    assert np.array_equal(cache.get(first)[0], x)
