@@ -508,10 +508,8 @@ async def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     threads = getattr(stack.settings.daemon, "torch_threads", 0)
     if threads:
         import torch
-        from threadpoolctl import threadpool_limits
 
         torch.set_num_threads(threads)
-        threadpool_limits(threads, user_api="blas")
     served_rows = []
     for n in args.served_nodes:
         with console.status(f"served path at {n} nodes"):

@@ -39,17 +39,12 @@ log = structlog.get_logger(__name__)
 
 
 def set_torch_threads(settings: Settings) -> None:
-    """Give this process `daemon.torch_threads` torch intra-op threads, and as many BLAS
-    threads to numpy (the served fast path's matrix products); 0: leave both as they are.
-    Under load, a 2-thread BLAS pool made the batch's products 10-20x slower than one
-    thread (its threads wait on cores other replicas hold)."""
+    """Give this process `daemon.torch_threads` torch intra-op threads (0: leave torch's)."""
     n = settings.daemon.torch_threads
     if n:
         import torch
-        from threadpoolctl import threadpool_limits
 
         torch.set_num_threads(n)
-        threadpool_limits(n, user_api="blas")
 
 
 class _Listener(ConsumerRebalanceListener):
