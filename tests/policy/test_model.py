@@ -147,7 +147,7 @@ def test_a_batch_placed_in_order_decides_as_one_forward_pass_per_task(
         assert abs(p.cpu - got.cpu) < 1e-5 and abs(p.mem - got.mem) < 1e-5
         assert p.max_retries == got.max_retries and abs(p.log_prob - got.log_prob) < 1e-4
         assert abs(one.last_values[0] - sched.last_values[i]) < 1e-5
-        view.take(t, p.node, p.cpu, p.mem)
+        view.take(t, got.node, got.cpu, got.mem)  # as the batch did (equal to float rounding)
 
 
 def test_finish_prior_alone_picks_the_earliest_estimated_finish(

@@ -47,6 +47,7 @@ SIM_TYPES: dict[str, set[str]] = {
         "dagsched.sim.state",
         "dagsched.sim.estimates",  # the transfer estimate every scheduler shares
         "dagsched.sim.observation",  # the one observation module
+        "dagsched.sim.history",  # its prediction rule, for the batch's vectorised observations
     },
     "daemon": {
         "dagsched.sim.view",

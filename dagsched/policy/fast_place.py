@@ -1,0 +1,154 @@
+"""The served fast path: a batch placed in order, each task seeing the earlier placements,
+with the network run once per batch and only what a placement changes recomputed.
+
+Per batch (`place_fast`):
+1. the observations of every task on the snapshot, vectorised (`BatchObservation`);
+2. the DAG encoder over the batch's DAGs, one pass, each workflow's features built once;
+   the DAG half of the cluster MLP's first layer, once;
+3. the per-node MLP and the node half of the scorer's first layer for every (task, node)
+   pair, as three matrix products.
+
+Per task, in order: its node features on the view as the earlier placements left it (only
+the features that read free resources and queues), the rows that differ from the snapshot's
+re-embedded, its context, logits as `tanh(node part + context part) @ w`, the node (argmax,
+or sampled), the continuous head at that node only, log-probabilities in closed form (log
+softmax; the Beta density by `lgamma`), then `ClusterView.take`. No torch, no distribution
+objects. The numbers are the plain forward pass's to float rounding
+(`tests/policy/test_fast_exact.py`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dagsched.policy.api import Placement
+from dagsched.policy.batch_observation import BatchObservation, DagCache
+from dagsched.policy.numpy_net import F32, NumpyNet, batch_graph
+from dagsched.sim.observation import Observation
+from dagsched.sim.state import CPU_BOUNDS, MEM_BOUNDS, RETRY_BOUNDS
+from dagsched.sim.view import ClusterView, TaskView
+
+LOW = np.array([CPU_BOUNDS[0], MEM_BOUNDS[0], RETRY_BOUNDS[0]], dtype=F32)
+SPAN = np.array([CPU_BOUNDS[1], MEM_BOUNDS[1], RETRY_BOUNDS[1]], dtype=F32) - LOW
+_MASKED = F32(-1e9)  # as the model's masked_fill
+
+
+@dataclass
+class Placed:
+    """A batch's placements and, per task, what the decision was made from."""
+
+    placements: list[Placement] = field(default_factory=list)
+    observations: list[Observation] = field(default_factory=list)
+    units: list[list[float]] = field(default_factory=list)
+    values: list[float] = field(default_factory=list)
+
+
+def place_fast(
+    net: NumpyNet,
+    cluster: ClusterView,
+    tasks: Sequence[TaskView],
+    rng: np.random.Generator | None = None,
+    cache: DagCache | None = None,
+) -> Placed:
+    """Place `tasks` in order on a copy of `cluster`; `rng` None: argmax node and Beta means
+    (serving), else sampled with it. `cache` keeps workflows' DAG inputs across batches."""
+    view = cluster.batch_copy()
+    obs = BatchObservation(view, tasks, cache)
+    dag_part = _encode(net, obs) @ net.cl1_dag  # [B, H]
+    xn = net.normalize("nodes", obs.nodes0)  # [B, n, F]
+    emb = net.node_embed(xn)
+    part = net.scorer_node_part(emb)
+    prior = net.prior_part(xn)  # [B, n]
+    alive = obs.alive
+    all_alive = bool(alive.all())
+    weight = alive.astype(F32)
+    emb_sum = (weight @ emb).astype(np.float64)  # [B, H]
+    count = max(1.0, float(alive.sum()))
+    out = Placed()
+    for i in range(len(tasks)):
+        nodes, changed = obs.nodes(i)
+        if changed.size:  # the rows earlier placements changed: embedded again
+            x = net.normalize("nodes", nodes[changed])
+            e = net.node_embed(x)
+            emb_sum[i] += weight[changed] @ (e - emb[i, changed])
+            emb[i, changed], part[i, changed] = e, net.scorer_node_part(e)
+            prior[i, changed] = net.prior_part(x)
+        cl = obs.cluster(i)
+        c_score, c_cont, c_value = net.context_parts(
+            net.context(net.normalize("cluster", cl), dag_part[i])
+        )
+        logits = net.logits(part[i], c_score, prior[i])
+        if not all_alive:
+            logits = np.where(alive, logits, _MASKED)
+        node, node_logp = _choose(logits, rng)
+        unit, beta_logp = _continuous(net.cont_raw(emb[i, node], c_cont), obs.anchor[i, node], rng)
+        vals = LOW + unit * SPAN
+        p = Placement(
+            node, float(vals[0]), float(vals[1]), round(float(vals[2])), node_logp + beta_logp
+        )
+        out.placements.append(p)
+        out.observations.append(obs.observation(i, nodes, cl))
+        out.units.append([float(u) for u in unit])
+        out.values.append(net.value(c_value, (emb_sum[i] / count).astype(F32)))
+        obs.take(i, p.node, p.cpu, p.mem)
+    return out
+
+
+def _encode(net: NumpyNet, obs: BatchObservation) -> np.ndarray:
+    """The DAG encoder over every task's DAG, one pass: [B, 2H]."""
+    parts = []
+    for t in obs.tasks:
+        src, dst = obs.cache.get(t)[2:]
+        parts.append((t.workflow.size, src, dst))
+    graph, firsts = batch_graph(parts)
+    this = firsts + np.array([t.idx for t in obs.tasks], dtype=np.int64)
+    dag_x = np.concatenate([x for x, _ in obs.dags])
+    return net.encode_dags(dag_x, graph, firsts, this)
+
+
+def _choose(logits: np.ndarray, rng: np.random.Generator | None) -> tuple[int, float]:
+    """The node (argmax, or sampled) and its log-probability under softmax(logits)."""
+    z = logits.astype(np.float64)
+    top = z.max()
+    ex = np.exp(z - top)
+    total = ex.sum()
+    if rng is None:
+        node = int(np.argmax(logits))
+    else:
+        cdf = np.cumsum(ex)
+        node = int(np.searchsorted(cdf, rng.random() * total, side="right"))
+        node = min(node, int(np.flatnonzero(ex > 0)[-1]))
+    return node, float(z[node] - top - math.log(total))
+
+
+def _continuous(
+    raw: np.ndarray, anchor: np.ndarray, rng: np.random.Generator | None
+) -> tuple[np.ndarray, float]:
+    """The three unit values (Beta means, or samples) and their summed Beta log-density, from
+    the continuous head's output at the chosen node, as `ActorCritic.heads` defines them:
+    mean = sigmoid(logit(anchor) + shift), concentration = 2 + softplus(k + 2)."""
+    unit = np.empty(3, dtype=F32)
+    logp = 0.0
+    for j in range(3):
+        a = min(max(float(anchor[j]), 0.02), 0.98)
+        z = math.log(a) - math.log1p(-a) + float(raw[2 * j])
+        mean = 1.0 / (1.0 + math.exp(-z)) if z >= 0 else math.exp(z) / (1.0 + math.exp(z))
+        mean = min(max(mean, 1e-3), 1 - 1e-3)
+        k = float(raw[2 * j + 1]) + 2.0
+        kappa = 2.0 + (k if k > 20.0 else math.log1p(math.exp(k)))
+        al, be = mean * kappa, (1.0 - mean) * kappa
+        u = al / (al + be) if rng is None else float(rng.beta(al, be))
+        u = float(np.float32(min(max(u, 1e-4), 1 - 1e-4)))
+        unit[j] = u
+        logp += (
+            (al - 1.0) * math.log(u)
+            + (be - 1.0) * math.log1p(-u)
+            + math.lgamma(al + be)
+            - math.lgamma(al)
+            - math.lgamma(be)
+        )
+    return unit, logp

@@ -1,0 +1,308 @@
+"""The actor-critic's weights as numpy arrays, for the served fast path (`fast_place`).
+
+`ActorCritic` is small (hidden 64): per decision its torch forward pass is ~60 operations on
+tiny tensors, and torch's per-operation overhead, not arithmetic, is what it costs. Here the
+same network runs in numpy, with the first layers split where their input is a
+concatenation, so that the part of a sum that does not change is computed once:
+
+- the scorer and the continuous head take (node embedding, context): their first layer is
+  `node @ Wn + ctx @ Wc + b`, so the node part is computed once per batch for every
+  (task, node) pair and a task's logits are `tanh(node part + its context part) @ w2`;
+- the cluster MLP takes (cluster features, DAG encoding): the DAG part once per batch;
+- the critic takes (context, mean node embedding).
+
+The DAG encoder (two GATv2 layers with self loops, attention pooling) is PyG's arithmetic
+over one edge list for the batch, sorted by destination: segment softmax with `reduceat`,
+the attention-weighted sums as sparse products (scipy, which scikit-learn brings). Everything
+is float32 like the torch model; results agree with it to float rounding, which
+`tests/policy/test_fast_exact.py` checks decision by decision.
+
+`NumpyNet(model, normalizer)` refuses (raises `Unsupported`) a model whose structure is not
+the one this file mirrors, so a changed architecture falls back to the plain forward pass
+instead of serving different numbers.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.sparse import csr_matrix
+from torch import Tensor, nn
+from torch_geometric.nn import AttentionalAggregation, GATv2Conv
+
+from dagsched.policy.model import FINISH, ActorCritic
+from dagsched.policy.normalizer import FeatureNormalizer
+
+F32 = np.float32
+_NEG_SLOPE = 0.2
+
+
+class Unsupported(ValueError):
+    """A model whose structure the numpy mirror does not reproduce."""
+
+
+def _a(t: Tensor) -> np.ndarray:
+    return np.ascontiguousarray(t.detach().cpu().numpy().astype(F32))
+
+
+@dataclass(frozen=True)
+class Dense:
+    """y = x @ w + b, with `w` [in, out] (the torch weight transposed)."""
+
+    w: np.ndarray
+    b: np.ndarray
+
+    @classmethod
+    def of(cls, lin: nn.Module) -> Dense:
+        # torch's Linear or PyG's (the same F.linear)
+        w, b = getattr(lin, "weight", None), getattr(lin, "bias", None)
+        linear = isinstance(lin, nn.Linear) or type(lin).__name__ == "Linear"
+        if not (linear and isinstance(w, Tensor) and isinstance(b, Tensor) and w.dim() == 2):
+            raise Unsupported(f"expected a Linear with bias, got {lin!r}")
+        return cls(_a(w).T.copy(), _a(b))
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        if x.ndim > 2:  # one matrix product, not one per leading index
+            return (x.reshape(-1, x.shape[-1]) @ self.w + self.b).reshape(*x.shape[:-1], -1)
+        return x @ self.w + self.b
+
+
+def _mlp(seq: nn.Module) -> tuple[Dense, Dense]:
+    """The two Linear layers of `Linear, Tanh, Linear`."""
+    if not (isinstance(seq, nn.Sequential) and len(seq) == 3 and isinstance(seq[1], nn.Tanh)):
+        raise Unsupported(f"expected Linear-Tanh-Linear, got {seq!r}")
+    return Dense.of(seq[0]), Dense.of(seq[2])
+
+
+@dataclass(frozen=True)
+class Gat:
+    """One GATv2Conv (heads averaged, self loops, no edge features, bias after the mean)."""
+
+    left: Dense
+    right: Dense
+    att: np.ndarray  # [heads, C]
+    bias: np.ndarray  # [C]
+    heads: int
+    # `att` as a block-diagonal [heads x C, heads] matrix: the per-head dot products of the
+    # edge features as one matrix product
+    att_blocks: np.ndarray
+
+    @classmethod
+    def of(cls, conv: nn.Module) -> Gat:
+        if not isinstance(conv, GATv2Conv):
+            raise Unsupported(f"not a GATv2 layer: {conv!r}")
+        ok = (
+            not conv.concat
+            and conv.add_self_loops
+            and not conv.share_weights
+            and conv.edge_dim is None
+            and getattr(conv, "res", None) is None
+            and conv.negative_slope == _NEG_SLOPE
+            and conv.bias is not None
+        )
+        if not ok:
+            raise Unsupported(f"GATv2 layer not mirrored: {conv!r}")
+        att, bias = conv.att, conv.bias
+        assert isinstance(att, Tensor) and isinstance(bias, Tensor)
+        a = _a(att)[0]
+        h, c = a.shape
+        blocks = np.zeros((h * c, h), dtype=F32)
+        for k in range(h):
+            blocks[k * c : (k + 1) * c, k] = a[k]
+        return cls(Dense.of(conv.lin_l), Dense.of(conv.lin_r), a, _a(bias), h, blocks)
+
+    def __call__(self, x: np.ndarray, graph: Graph, work: Workspace) -> np.ndarray:
+        t, h = x.shape[0], self.heads
+        xl = self.left(x).reshape(t, h, -1)
+        xr = self.right(x).reshape(t, h, -1)
+        shape = (graph.src.size, *xl.shape[1:])  # [E, heads, C]
+        e = np.take(xl, graph.src, axis=0, out=work.get("e", shape))
+        np.add(e, np.take(xr, graph.dst, axis=0, out=work.get("xr", shape)), out=e)
+        np.maximum(e, np.multiply(e, F32(_NEG_SLOPE), out=work.get("xr", shape)), out=e)
+        alpha = graph.softmax(e.reshape(e.shape[0], -1) @ self.att_blocks)  # [E, heads]
+        # per head, the attention-weighted sum of the sources: a sparse [T, T] product
+        per_head = np.ascontiguousarray(xl.transpose(1, 0, 2))
+        out = graph.aggregate(alpha[:, 0], per_head[0])
+        for k in range(1, h):
+            out += graph.aggregate(alpha[:, k], per_head[k])
+        return out / F32(h) + self.bias
+
+
+class Workspace:
+    """Reused scratch arrays for the encoder's per-edge work, one set per thread. Fresh
+    multi-megabyte temporaries are mapped and faulted in anew at every operation (glibc hands
+    them to mmap), which cost more than the arithmetic on this 2-core machine."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    def get(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        bufs: dict[str, np.ndarray] = self._local.__dict__.setdefault("bufs", {})
+        size = int(np.prod(shape))
+        buf = bufs.get(name)
+        if buf is None or buf.size < size:
+            buf = bufs[name] = np.empty(max(size, 1 << 16), dtype=F32)
+        return buf[:size].reshape(shape)
+
+
+@dataclass(frozen=True)
+class Graph:
+    """A batch of DAGs as an edge list sorted by destination, self loops included: every
+    node has at least one in-edge, so `starts` (its first in-edge) defines the segments."""
+
+    src: np.ndarray
+    dst: np.ndarray
+    starts: np.ndarray  # [T]
+
+    def aggregate(self, weight: np.ndarray, x: np.ndarray) -> np.ndarray:
+        """Per destination, the sum of `weight` [E] x the source's row of `x` [T, C]."""
+        t = self.starts.size
+        indptr = np.append(self.starts, self.src.size)
+        return csr_matrix((weight, self.src, indptr), shape=(t, t)) @ x
+
+    def softmax(self, score: np.ndarray) -> np.ndarray:
+        """Softmax of edge scores over each destination's in-edges (PyG's, with its 1e-16)."""
+        top = np.maximum.reduceat(score, self.starts, axis=0)
+        ex = np.exp(score - top[self.dst])
+        total = np.add.reduceat(ex, self.starts, axis=0)
+        return ex / (total[self.dst] + F32(1e-16))
+
+
+def batch_graph(parts: Sequence[tuple[int, np.ndarray, np.ndarray]]) -> tuple[Graph, np.ndarray]:
+    """The union of DAGs given as (size, src, dst) (`batch_observation.in_edges`: edges both
+    ways and self loops, sorted by destination), and each DAG's first row."""
+    sizes = np.array([p[0] for p in parts], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    src = np.concatenate([s + o for (_, s, _), o in zip(parts, offsets, strict=True)])
+    dst = np.concatenate([d + o for (_, _, d), o in zip(parts, offsets, strict=True)])
+    counts = np.bincount(dst, minlength=int(sizes.sum()))
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    return Graph(src, dst, starts), offsets
+
+
+class NumpyNet:
+    """`ActorCritic` and its `FeatureNormalizer` as float32 numpy arrays (see module doc)."""
+
+    def __init__(self, model: ActorCritic, normalizer: FeatureNormalizer) -> None:
+        if type(model) is not ActorCritic:
+            raise Unsupported(f"not an ActorCritic: {type(model).__name__}")
+        names = {n.split(".")[0] for n, _ in model.named_parameters()}
+        known = {
+            "dag_in", "gat1", "gat2", "pool", "node_mlp", "cluster_mlp", "scorer", "cont_head",
+            "critic", "prior",
+        }  # fmt: skip
+        if not names <= known:
+            raise Unsupported(f"parameters not mirrored: {sorted(names - known)}")
+        h = model.cfg.hidden
+        self.hidden = h
+        self.work = Workspace()
+        self.dag_in = Dense.of(model.dag_in)
+        self.gat1, self.gat2 = Gat.of(model.gat1), Gat.of(model.gat2)
+        pool = model.pool
+        if not isinstance(pool, AttentionalAggregation) or pool.nn is not None:
+            raise Unsupported("attention pooling not mirrored")
+        if getattr(pool, "gate_mlp", None) is not None or getattr(pool, "mlp", None) is not None:
+            raise Unsupported("attention pooling not mirrored")
+        self.gate = Dense.of(pool.gate_nn)
+        self.node1, self.node2 = _mlp(model.node_mlp)
+        cl1, self.cl2 = _mlp(model.cluster_mlp)
+        fc = model.cfg.cluster_features
+        self.cl1_cluster, self.cl1_dag = cl1.w[:fc], cl1.w[fc:]
+        self.cl1_b = cl1.b
+        sc1, self.sc2 = _mlp(model.scorer)
+        self.sc1_node, self.sc1_ctx, self.sc1_b = sc1.w[:h], sc1.w[h:], sc1.b
+        co1, self.co2 = _mlp(model.cont_head)
+        self.co1_node, self.co1_ctx, self.co1_b = co1.w[:h], co1.w[h:], co1.b
+        cr1, self.cr2 = _mlp(model.critic)
+        self.cr1_ctx, self.cr1_mean, self.cr1_b = cr1.w[:h], cr1.w[h:], cr1.b
+        self.ctx_w = np.ascontiguousarray(np.hstack([self.sc1_ctx, self.co1_ctx, self.cr1_ctx]))
+        # the prior's beta as torch computes it: exp in float32
+        self.prior_beta = (
+            F32(model.prior.log_beta.detach().exp().item()) if model.prior is not None else None
+        )
+        self.norm = {}
+        for g in ("nodes", "cluster", "dag"):
+            mean, inv = normalizer.stats(g)
+            self.norm[g] = (mean.astype(F32), inv.astype(F32))
+
+    def normalize(self, group: str, x: np.ndarray) -> np.ndarray:
+        """As `FeatureNormalizer.normalize`, in float32: the same numbers, bit for bit."""
+        mean, inv = self.norm[group]
+        return np.clip((x.astype(F32, copy=False) - mean) * inv, F32(-10.0), F32(10.0))
+
+    # -- the DAG encoder ----------------------------------------------------------------------
+
+    def encode_dags(self, dag_x: np.ndarray, graph: Graph, firsts: np.ndarray, this: np.ndarray
+                    ) -> np.ndarray:  # fmt: skip
+        """Per DAG of the batch, the attention-pooled encoding and the placed task's: [B, 2H].
+        `dag_x` raw DAG features [T, F]; `firsts` each DAG's first row; `this` the placed
+        task's row."""
+        x = np.tanh(self.dag_in(self.normalize("dag", dag_x)))
+        x = np.tanh(self.gat1(x, graph, self.work)) + x
+        x = np.tanh(self.gat2(x, graph, self.work)) + x
+        gate = self.gate(x)[:, 0]  # [T]
+        sizes = np.diff(np.append(firsts, x.shape[0]))
+        owner = np.repeat(np.arange(len(firsts)), sizes)
+        top = np.maximum.reduceat(gate, firsts)
+        ex = np.exp(gate - top[owner])
+        w = ex / (np.add.reduceat(ex, firsts)[owner] + F32(1e-16))
+        rows = np.append(firsts, x.shape[0])
+        pooled = csr_matrix((w, np.arange(x.shape[0]), rows), shape=(firsts.size, x.shape[0])) @ x
+        return np.concatenate([pooled, x[this]], axis=1)
+
+    # -- the heads, split ---------------------------------------------------------------------
+
+    def node_embed(self, xn: np.ndarray) -> np.ndarray:
+        """The per-node MLP on normalised node features [..., Fn] -> [..., H] (in place on
+        its intermediates: at 2,048 nodes x 64 tasks they are 30 MB each)."""
+        flat = xn.reshape(-1, xn.shape[-1])
+        h = flat @ self.node1.w
+        h += self.node1.b
+        np.tanh(h, out=h)
+        out = h @ self.node2.w
+        out += self.node2.b
+        np.tanh(out, out=out)
+        return out.reshape(*xn.shape[:-1], -1)
+
+    def scorer_node_part(self, emb: np.ndarray) -> np.ndarray:
+        """The node half of the scorer's first layer, bias included: [..., H]."""
+        flat = emb.reshape(-1, emb.shape[-1]) @ self.sc1_node
+        flat += self.sc1_b
+        return flat.reshape(emb.shape)
+
+    def context(self, cluster_n: np.ndarray, dag_part: np.ndarray) -> np.ndarray:
+        """The cluster MLP on normalised cluster features and `dag_part` (the DAG encoding
+        times `cl1_dag`, once per batch): [H]."""
+        return np.tanh(self.cl2(np.tanh(cluster_n @ self.cl1_cluster + dag_part + self.cl1_b)))
+
+    def prior_part(self, xn: np.ndarray) -> np.ndarray:
+        """What the logits add to the scorer's output per node, from the normalised node
+        features [..., Fn]: the scorer's output bias and the finish prior, [...]."""
+        out = np.full(xn.shape[:-1], self.sc2.b[0], dtype=F32)
+        if self.prior_beta is not None:
+            out += -self.prior_beta * xn[..., FINISH]
+        return out
+
+    def context_parts(self, ctx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The context's halves of the scorer's, the continuous head's and the critic's
+        first layers, as one product."""
+        h = self.hidden
+        both = ctx @ self.ctx_w
+        return both[:h], both[h : 2 * h], both[2 * h :]
+
+    def logits(self, node_part: np.ndarray, ctx_part: np.ndarray, prior: np.ndarray) -> np.ndarray:
+        """Unmasked node logits [n] from the node parts [n, H], the context's part and the
+        prior part [n]."""
+        return np.tanh(node_part + ctx_part) @ self.sc2.w[:, 0] + prior
+
+    def cont_raw(self, emb: np.ndarray, ctx_part: np.ndarray) -> np.ndarray:
+        """The continuous head at one node: [6] = (shift, concentration) per value."""
+        return self.co2(np.tanh(emb @ self.co1_node + ctx_part + self.co1_b))
+
+    def value(self, ctx_part: np.ndarray, mean_node: np.ndarray) -> float:
+        """The critic from the context's part and the alive nodes' mean embedding."""
+        z = np.tanh(ctx_part + mean_node @ self.cr1_mean + self.cr1_b)
+        return float(self.cr2(z)[0])

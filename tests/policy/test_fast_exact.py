@@ -1,0 +1,216 @@
+"""The served fast path (`fast_place`, numpy) decides as the plain forward pass does, task by
+task: on batches recorded from the simulator (busy clusters, family histories, placed parents,
+retries, dead nodes), at 8, 32 and 256 nodes, for the shipped champion and a randomly
+initialised model.
+
+Per task, in order: the fast path's observation equals `observe` on the view with the
+earlier placements taken, bit for bit; the plain forward pass (`place_observations`, torch,
+one task) on that observation picks the same node, the same retries, reservations and unit
+values within 1e-5, the same log-probability within 1e-5 and the same value within 1e-4.
+Sampling: the log-probability the fast path gives its sampled action is the model's
+`evaluate` of that action.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from dagsched.policy.batch_observation import DagCache
+from dagsched.policy.batching import collate
+from dagsched.policy.bundle import load_bundle
+from dagsched.policy.model import ActorCritic, ModelConfig, evaluate
+from dagsched.policy.normalizer import FeatureNormalizer
+from dagsched.policy.scheduler import GNNScheduler
+from dagsched.sim.config import FaultConfig, ScenarioConfig
+from dagsched.sim.engine import Simulator
+from dagsched.sim.observation import Observation, observe
+from dagsched.sim.runner import make_policy, stream_workflows
+from dagsched.sim.view import ClusterView, TaskView, cluster_view, task_view
+
+CHAMPION = Path(__file__).resolve().parents[2] / "models" / "champion"
+TOL = 1e-5
+
+
+def recorded_batch(
+    nodes: int, seed: int, warmup: int, size: int = 48, faults: bool = False, dead: int = 0
+) -> tuple[ClusterView, list[TaskView]]:
+    """Ready tasks of the default scenario scaled to `nodes`, gathered over a few steps after
+    `warmup` least-loaded batches (several workflows and instants), with their histories."""
+    base = ScenarioConfig()
+    sc = replace(base, cluster=base.cluster.scaled(nodes))
+    if faults:  # node crashes and task failures: retries with a previous node
+        sc = replace(
+            sc,
+            faults=FaultConfig(
+                node_failure_per_hour=2.0, repair_mean_s=300, transient_task_failure=0.2
+            ),
+        )
+    sim = Simulator(sc, stream_workflows(sc, seed, 10_000), seed=seed)
+    policy = make_policy("least_loaded", seed)
+    tasks: list[TaskView] = []
+    step = 0
+    while (batch := sim.advance()) is not None:
+        step += 1
+        if step > warmup:
+            tasks += [task_view(t, sim) for t in batch]
+            if len(tasks) >= size:
+                break
+        sim.apply(policy.decide(sim, batch), batch)
+    view = cluster_view(sim)
+    for node in range(dead):
+        view.alive[node * 3 % nodes] = False
+    return view, tasks[:size]
+
+
+SCENARIOS = {
+    "8 nodes, busy": (8, 0, 150, False, 0),
+    "8 nodes, faults": (8, 1, 100, True, 2),
+    "32 nodes, busy": (32, 2, 200, False, 0),
+    "32 nodes, faults, dead nodes": (32, 3, 150, True, 3),
+    "256 nodes": (256, 4, 300, False, 5),
+}
+
+
+@pytest.fixture(scope="module")
+def champion() -> GNNScheduler:
+    return load_bundle(CHAMPION, "v1", smoke=False)
+
+
+@pytest.fixture(scope="module")
+def batches() -> dict[str, tuple[ClusterView, list[TaskView]]]:
+    return {
+        name: recorded_batch(n, seed, warmup, faults=faults, dead=dead)
+        for name, (n, seed, warmup, faults, dead) in SCENARIOS.items()
+    }
+
+
+def _same(a: Observation, b: Observation) -> None:
+    assert a.task_idx == b.task_idx
+    for f in ("nodes", "mask", "cluster", "dag", "edges", "anchor"):
+        x, y = getattr(a, f), getattr(b, f)
+        assert x.dtype == y.dtype and np.array_equal(x, y), f
+
+
+def assert_fast_equals_plain(sched: GNNScheduler, view: ClusterView, tasks: list[TaskView]) -> None:
+    assert sched.numpy_net() is not None  # the fast path serves this model
+    free = view.free_cores.copy()
+    fast = sched.place(view, tasks)
+    assert np.array_equal(view.free_cores, free)  # the caller's view is not written
+    seen, units, values = sched.last_observations, sched.last_units, sched.last_values
+    assert len({p.node for p in fast}) > 1
+    plain = GNNScheduler(sched.model, sched.normalizer, "plain")
+    ref_view = view.batch_copy()
+    for i, t in enumerate(tasks):
+        o = observe(ref_view, t)
+        _same(seen[i], o)
+        (p,) = plain.place_observations([o])
+        f = fast[i]
+        assert f.node == p.node, i
+        assert f.max_retries == p.max_retries, i
+        assert abs(f.cpu - p.cpu) < TOL and abs(f.mem - p.mem) < TOL, i
+        assert np.allclose(units[i], plain.last_units[0], atol=TOL, rtol=0), i
+        assert abs(f.log_prob - p.log_prob) < TOL, (i, f.log_prob, p.log_prob)
+        assert abs(values[i] - plain.last_values[0]) < 1e-4, i
+        ref_view.take(t, f.node, f.cpu, f.mem)
+    # the whole batch through the plain path takes the same nodes
+    assert [p.node for p in sched.place_reference(view, tasks)] == [p.node for p in fast]
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_champion_fast_path_decides_as_the_plain_forward_pass(
+    name: str, champion: GNNScheduler, batches: dict[str, tuple[ClusterView, list[TaskView]]]
+) -> None:
+    view, tasks = batches[name]
+    assert_fast_equals_plain(champion, view, tasks)
+
+
+@pytest.mark.parametrize("prior", [0.0, 10.0])
+@pytest.mark.parametrize("name", ["8 nodes, faults", "32 nodes, busy", "256 nodes"])
+def test_random_model_fast_path_decides_as_the_plain_forward_pass(
+    name: str,
+    prior: float,
+    champion: GNNScheduler,
+    batches: dict[str, tuple[ClusterView, list[TaskView]]],
+) -> None:
+    torch.manual_seed(7)
+    model = ActorCritic(ModelConfig(finish_prior=prior)).eval()
+    view, tasks = batches[name]
+    assert_fast_equals_plain(GNNScheduler(model, champion.normalizer, "random"), view, tasks)
+
+
+def test_sampled_actions_carry_the_models_log_probability(
+    champion: GNNScheduler, batches: dict[str, tuple[ClusterView, list[TaskView]]]
+) -> None:
+    view, tasks = batches["32 nodes, faults, dead nodes"]
+    sched = GNNScheduler(champion.model, champion.normalizer, "t", deterministic=False)
+    torch.manual_seed(0)
+    placements = sched.place(view, tasks)
+    norm: FeatureNormalizer = champion.normalizer
+    batch = collate([norm.transform(o) for o in sched.last_observations])
+    with torch.no_grad():
+        out = champion.model(*batch.args())
+        logp, _ = evaluate(
+            out,
+            torch.tensor([p.node for p in placements]),
+            torch.tensor(sched.last_units, dtype=torch.float32),
+        )
+    got = np.array([p.log_prob for p in placements])
+    assert np.allclose(got, logp.numpy(), atol=1e-4, rtol=0)
+    assert all(view.alive[p.node] for p in placements)
+    torch.manual_seed(0)
+    again = sched.place(view, tasks)  # torch's seed makes the draw repeatable
+    assert again == placements
+    torch.manual_seed(1)
+    assert sched.place(view, tasks) != placements
+
+
+def test_the_numpy_mirror_follows_weights_changed_in_place(
+    champion: GNNScheduler, batches: dict[str, tuple[ClusterView, list[TaskView]]]
+) -> None:
+    torch.manual_seed(3)
+    model = ActorCritic(ModelConfig(finish_prior=10.0)).eval()
+    sched = GNNScheduler(model, champion.normalizer, "t")
+    view, tasks = batches["32 nodes, busy"]
+    sched.place(view, tasks)
+    first = sched.numpy_net()
+    with torch.no_grad():  # as an optimiser step or load_state_dict does
+        model.load_state_dict(champion.model.state_dict())
+    assert sched.numpy_net() is not first
+    assert_fast_equals_plain(sched, view, tasks)
+
+
+def test_a_model_the_mirror_does_not_know_is_served_by_the_plain_path(
+    champion: GNNScheduler, batches: dict[str, tuple[ClusterView, list[TaskView]]]
+) -> None:
+    class Wider(ActorCritic):  # another architecture: the numpy mirror must not guess
+        pass
+
+    torch.manual_seed(5)
+    model = Wider(ModelConfig(finish_prior=10.0)).eval()
+    sched = GNNScheduler(model, champion.normalizer, "t")
+    assert sched.numpy_net() is None
+    view, tasks = batches["8 nodes, busy"]
+    plain = GNNScheduler(model, champion.normalizer, "t")
+    assert sched.place(view, tasks) == plain.place_reference(view, tasks)
+
+
+def test_the_dag_cache_is_bounded_by_task_rows(
+    batches: dict[str, tuple[ClusterView, list[TaskView]]],
+) -> None:
+    _, tasks = batches["32 nodes, busy"]
+    by_wf = {id(t.workflow): t for t in tasks}
+    assert len(by_wf) >= 3
+    first, *rest = by_wf.values()
+    cache = DagCache(max_rows=first.workflow.size + 1)
+    x = cache.get(first)[0]
+    assert cache.get(first)[0] is x  # kept
+    for t in rest:
+        cache.get(t)
+        assert cache.rows <= max(cache.max_rows, t.workflow.size)
+    assert cache.get(first)[0] is not x  # evicted, built again
+    assert np.array_equal(cache.get(first)[0], x)
