@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import time
 from dataclasses import replace
@@ -26,6 +27,7 @@ import torch
 from dagsched.learner.evaluate import evaluate, make_policies, scenarios
 from dagsched.learner.train import train
 from dagsched.policy.bundle import load_bundle, save_bundle
+from dagsched.policy.model import ActorCritic
 from dagsched.policy.scheduler import GNNScheduler
 from dagsched.service_config import TrainSettings
 from dagsched.sim.config import RewardWeights, ScenarioConfig, TruthConfig
@@ -115,6 +117,9 @@ def main() -> None:
     ap.add_argument("--eval-workflows", type=int, default=60)
     ap.add_argument("--exact", action="store_true", help="evaluate with exact truth too")
     ap.add_argument("--threads", type=int, default=1, help="torch threads")
+    ap.add_argument(
+        "--snapshot-every-min", type=float, default=0, help="evaluate checkpoints this often"
+    )
     ap.add_argument("--label", required=True)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
@@ -135,16 +140,31 @@ def main() -> None:
         scenario = ScenarioConfig()
         if args.reward:
             scenario = replace(scenario, reward=replace(RewardWeights(), **_kv(args.reward)))
+        ckpt = args.out / f"{args.label}.ckpt"
+        ckpt.unlink(missing_ok=True)
+        snaps: list[Path] = []
+        last_snap = [time.perf_counter()]
+
+        def on_update(u: int, _total: int | None) -> None:
+            if u % 20 == 0:
+                print(f"update {u}", flush=True)
+            every = args.snapshot_every_min * 60
+            if every and time.perf_counter() - last_snap[0] > every and ckpt.exists():
+                last_snap[0] = time.perf_counter()
+                snaps.append(args.out / f"{args.label}.snap{len(snaps)}")
+                shutil.copy(ckpt, snaps[-1])
+
         result = train(
             scenario,
             hp,
             updates=args.updates,
             minutes=args.minutes,
             seed=args.seed,
+            checkpoint=ckpt,
             imitation_epochs=args.imitation_epochs,
             imitation_episodes=args.imitation_episodes,
             device=torch.device("cpu"),
-            on_update=lambda u, _t: print(f"update {u}", flush=True) if u % 20 == 0 else None,
+            on_update=on_update,
         )
         sched = GNNScheduler(result.model, result.normalizer, args.label)
         save_bundle(args.out / args.label, result.model, result.normalizer)
@@ -161,6 +181,18 @@ def main() -> None:
                 "curve": curve(result.history),
             }
         )
+        doc["snapshots"] = []
+        for snap in snaps:
+            state = torch.load(snap, weights_only=False)
+            model = ActorCritic(result.model.cfg)
+            model.load_state_dict(state["model"])
+            s_rows = eval_rows(
+                GNNScheduler(model, state["normalizer"], "snap"),
+                args.eval_seeds,
+                args.eval_workflows,
+                False,
+            )
+            doc["snapshots"].append({"update": state["update"], "summary": summary(s_rows)})
     rows = eval_rows(sched, args.eval_seeds, args.eval_workflows, args.exact)
     doc["summary"] = summary(rows)
     doc["rows"] = rows
@@ -173,6 +205,14 @@ def main() -> None:
             f"JCT {s['model_jct']:.0f} vs hh {s['hh_jct']:.0f} ({s['jct_vs_hh']:+.1%}; "
             f"vs heft {s['jct_vs_heft']:+.1%})  cost {s['cost_vs_hh']:+.1%}  "
             f"oom {s['model_oom']:.1f}"
+        )
+    for snap in doc.get("snapshots", []):
+        print(
+            f"  snapshot at update {snap['update']}: "
+            + "; ".join(
+                f"{s['scenario']} JCT {s['jct_vs_hh']:+.1%} SLA {s['model_sla']:.3f}"
+                for s in snap["summary"]
+            )
         )
     for k in ("losses/approx_kl", "losses/value_loss", "losses/warmup_value_loss"):
         if k in doc.get("curve", {}):

@@ -87,6 +87,9 @@ class TrainSettings(_Strict):
     # divide rewards by a running standard deviation of the discounted return (per decision
     # the completion term alone ranges over two orders of magnitude)
     reward_norm: bool = False
+    # False: every episode is drawn from the curriculum's last stage (the evaluation's DAG
+    # sizes), as suits a warm-started policy that already places like its teacher
+    curriculum: bool = True
     # every curriculum stage draws its load from this range instead of the stage's own
     load_range: tuple[float, float] | None = None
     # initial weight of the finish-time prior on the node logits (0: the scorer alone)

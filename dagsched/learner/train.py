@@ -267,7 +267,7 @@ def train(
     # The value head alone, on rollouts of the frozen warm-started actor: until it is fitted,
     # PPO's advantages are noise that moves the policy away from its start.
     if warm_start and warmed < hp.critic_warmup_updates:
-        curriculum.progress = 0.0
+        curriculum.progress = 0.0 if hp.curriculum else 1.0
         critic_opt = torch.optim.Adam(critic, lr=hp.critic_lr or hp.learning_rate, eps=1e-5)
         while warmed < hp.critic_warmup_updates and time.perf_counter() < deadline:
             b_obs, b = collect()
@@ -282,7 +282,9 @@ def train(
     update = start_update
     total = updates if updates is not None else None
     while (updates is None or update < updates) and time.perf_counter() < deadline:
-        if total is not None:
+        if not hp.curriculum:
+            curriculum.progress = 1.0
+        elif total is not None:
             curriculum.progress = update / max(1, total)
         elif minutes is not None:
             curriculum.progress = (time.perf_counter() - started) / (minutes * 60)
