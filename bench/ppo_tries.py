@@ -214,7 +214,14 @@ def main() -> None:
                 for s in snap["summary"]
             )
         )
-    for k in ("losses/approx_kl", "losses/value_loss", "losses/warmup_value_loss"):
+    for k in (
+        "losses/approx_kl",
+        "losses/value_loss",
+        "losses/warmup_value_loss",
+        "losses/explained_variance",
+        "losses/imitation_nll",
+        "charts/mean_reward",
+    ):
         if k in doc.get("curve", {}):
             print(f"  {k}: {doc['curve'][k]}")
 

@@ -94,6 +94,13 @@ class RewardScaler:
         self.var, self.count = m2 / tot, tot
 
 
+def explained_variance(values: np.ndarray, returns: np.ndarray) -> float:
+    """1 - Var(returns - values) / Var(returns): how much of the returns the critic saw
+    coming at collection time (1 perfect, 0 no better than a constant)."""
+    var = float(np.var(returns))
+    return float("nan") if var == 0 else 1.0 - float(np.var(returns - values)) / var
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
@@ -125,6 +132,24 @@ def demonstrations(
                 units.append(u.tolist())
             sim.apply(decisions, batch)
     return obs, nodes, units
+
+
+@dataclass
+class Demos:
+    """The teacher's normalised observations and actions, for the imitation loss in PPO."""
+
+    obs: list[Observation]
+    nodes: list[int]
+    units: list[list[float]]
+
+    def nll(self, model: ActorCritic, size: int, device: torch.device) -> torch.Tensor:
+        """Mean negative log-likelihood of `size` random teacher actions."""
+        mb = np.random.randint(0, len(self.obs), size)
+        out = model(*collate([self.obs[i] for i in mb]).to(device).args())
+        node = torch.tensor([self.nodes[i] for i in mb], device=device)
+        unit = torch.tensor([self.units[i] for i in mb], device=device)
+        logp, _ = evaluate(out, node, unit)
+        return -logp.mean()
 
 
 def imitate(
@@ -200,6 +225,7 @@ def train(
     scaler = RewardScaler(hp.gamma, hp.num_envs) if hp.reward_norm else None
     start_update = 0
     warmed = 0
+    demos: Demos | None = None
     if checkpoint is not None and checkpoint.exists():
         state = torch.load(checkpoint, map_location=device, weights_only=False)
         model.load_state_dict(state["model"])
@@ -218,6 +244,8 @@ def train(
             seed=seed,
         )
         normalizer = FeatureNormalizer().fit(demo_obs)
+        if warm_start and hp.imitation_coef > 0:
+            demos = Demos([normalizer.transform(o) for o in demo_obs], demo_nodes, demo_units)
         if warm_start:
             imitate(
                 model,
@@ -275,6 +303,7 @@ def train(
             metrics = _value_update(model, critic_opt, hp, b_obs, b, device)
             warmed += 1
             metrics["charts/mean_reward"] = float(b["raw_reward"].mean())
+            metrics["losses/explained_variance"] = explained_variance(b["value"], b["return"])
             history.append(metrics)
             if sink is not None:
                 sink(metrics, warmed - hp.critic_warmup_updates)
@@ -290,9 +319,10 @@ def train(
             curriculum.progress = (time.perf_counter() - started) / (minutes * 60)
         b_obs, b = collect()
         decisions += len(b_obs)
-        metrics = _ppo_update(model, opt, hp, b_obs, b, device)
+        metrics = _ppo_update(model, opt, hp, b_obs, b, device, demos)
         update += 1
         metrics["charts/mean_reward"] = float(b["raw_reward"].mean())
+        metrics["losses/explained_variance"] = explained_variance(b["value"], b["return"])
         finished = [s for w in workers for s in w.stats.summaries]
         for w in workers:
             w.stats.summaries.clear()
@@ -323,6 +353,7 @@ def _ppo_update(
     b_obs: list[Observation],
     b: dict[str, np.ndarray],
     device: torch.device,
+    demos: Demos | None = None,
 ) -> dict[str, float]:
     model.train()
     n = len(b_obs)
@@ -351,12 +382,17 @@ def _ppo_update(
                 hp.vf_coef,
             )
             opt.zero_grad()
+            actor_loss = parts.pg_loss - hp.ent_coef * parts.entropy
+            if demos is not None:
+                bc = demos.nll(model, len(mb), device)
+                actor_loss = actor_loss + hp.imitation_coef * bc
+                last_bc = bc.detach()
             if hp.value_trunk_grad:
-                parts.loss.backward()
+                (actor_loss + hp.vf_coef * parts.v_loss).backward()
             else:  # the value loss reaches the value head only
                 critic = list(model.critic.parameters())
                 grads = torch.autograd.grad(hp.vf_coef * parts.v_loss, critic, retain_graph=True)
-                (parts.pg_loss - hp.ent_coef * parts.entropy).backward()
+                actor_loss.backward()
                 for p, g in zip(critic, grads, strict=True):
                     p.grad = g if p.grad is None else p.grad + g
             torch.nn.utils.clip_grad_norm_(model.parameters(), hp.max_grad_norm)
@@ -368,6 +404,8 @@ def _ppo_update(
                 "losses/approx_kl": parts.approx_kl,
                 "losses/clipfrac": parts.clipfrac,
             }
+            if demos is not None:
+                last["losses/imitation_nll"] = last_bc
     return {k: float(v.detach()) for k, v in last.items()}
 
 
