@@ -120,6 +120,7 @@ def main() -> None:
     ap.add_argument(
         "--snapshot-every-min", type=float, default=0, help="evaluate checkpoints this often"
     )
+    ap.add_argument("--resume-from", default=None, help="continue this label's checkpoint")
     ap.add_argument("--label", required=True)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
@@ -141,7 +142,10 @@ def main() -> None:
         if args.reward:
             scenario = replace(scenario, reward=replace(RewardWeights(), **_kv(args.reward)))
         ckpt = args.out / f"{args.label}.ckpt"
-        ckpt.unlink(missing_ok=True)
+        if args.resume_from is not None:
+            shutil.copy(args.out / f"{args.resume_from}.ckpt", ckpt)
+        else:
+            ckpt.unlink(missing_ok=True)
         snaps: list[Path] = []
         last_snap = [time.perf_counter()]
 
@@ -171,6 +175,7 @@ def main() -> None:
         doc.update(
             {
                 "seed": args.seed,
+                "resumed_from": args.resume_from,
                 "settings": _kv(args.set),
                 "reward": _kv(args.reward),
                 "imitation_epochs": args.imitation_epochs,

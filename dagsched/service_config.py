@@ -97,6 +97,8 @@ class TrainSettings(_Strict):
     load_range: tuple[float, float] | None = None
     # initial weight of the finish-time prior on the node logits (0: the scorer alone)
     finish_prior: float = Field(default=10.0, ge=0)
+    # width of the network's embeddings and MLPs (`ModelConfig.hidden`)
+    hidden: int = Field(default=64, ge=8, le=1024)
     # deadline slack of the training scenarios (deadline = critical path x slack), when it
     # should differ from `sim.workload.slack`: tighter deadlines make the reward's deadline
     # term speak where the default ones are always met. Evaluation keeps `sim`'s.

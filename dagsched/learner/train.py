@@ -210,7 +210,7 @@ def train(
     seed_everything(seed)
     started = time.perf_counter()
     curriculum = Curriculum(scenario, load=hp.load_range)
-    model = ActorCritic(ModelConfig(finish_prior=hp.finish_prior)).to(device)
+    model = ActorCritic(ModelConfig(hidden=hp.hidden, finish_prior=hp.finish_prior)).to(device)
     critic = [p for n, p in model.named_parameters() if n.split(".")[0] == "critic"]
     rest = [p for n, p in model.named_parameters() if n.split(".")[0] != "critic"]
     groups: list[dict[str, Any]] = [
