@@ -192,3 +192,38 @@ def test_load_range_replaces_every_stage_load() -> None:
         cur.progress = progress
         loads = [cur(s)[0].workload.load for s in range(8)]
         assert all(0.8 <= x <= 0.95 for x in loads)
+
+
+@pytest.mark.parametrize("through_trunk", [True, False])
+def test_value_loss_reaches_the_encoder_only_when_asked(through_trunk: bool) -> None:
+    """With zero advantages and no entropy bonus only the value loss has a gradient: it
+    moves the shared encoder with `value_trunk_grad`, the value head alone without it."""
+    from dagsched.learner.curriculum import Curriculum
+    from dagsched.learner.train import _ppo_update, demonstrations
+    from dagsched.policy.model import ActorCritic
+    from dagsched.policy.normalizer import FeatureNormalizer
+
+    obs, nodes, units = demonstrations(
+        Curriculum(ScenarioConfig(), workflows_per_episode=2), 1, "heft", seed=0
+    )
+    obs, nodes, units = obs[:32], nodes[:32], units[:32]
+    norm = FeatureNormalizer().fit(obs)
+    torch.manual_seed(0)
+    model = ActorCritic()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    n = len(obs)
+    b = {
+        "node": np.array(nodes),
+        "unit": np.array(units, dtype=np.float32),
+        "logprob": np.zeros(n, dtype=np.float32),
+        "advantage": np.zeros(n),
+        "return": np.full(n, 5.0),
+    }
+    hp = TrainSettings(update_epochs=1, ent_coef=0.0, value_trunk_grad=through_trunk)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    _ppo_update(model, opt, hp, [norm.transform(o) for o in obs], b, torch.device("cpu"))
+    after = model.state_dict()
+    changed = {k.split(".")[0] for k in after if not torch.equal(after[k], before[k])}
+    assert "critic" in changed
+    assert ("gat1" in changed) is through_trunk
+    assert not changed & {"scorer", "cont_head", "prior"}
