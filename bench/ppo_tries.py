@@ -46,9 +46,7 @@ def _kv(items: list[str]) -> dict[str, Any]:
     return out
 
 
-def eval_rows(
-    sched: GNNScheduler, seeds: int, workflows: int, exact: bool
-) -> list[dict[str, Any]]:
+def eval_rows(sched: GNNScheduler, seeds: int, workflows: int, exact: bool) -> list[dict[str, Any]]:
     """Rows of the model, heft_history and heft at loads 0.8 and 0.95 (and `exact`)."""
     base = ScenarioConfig()
     keep = {f"load:{load}" for load in LOADS}
@@ -224,7 +222,6 @@ def main() -> None:
         "losses/value_loss",
         "losses/warmup_value_loss",
         "losses/explained_variance",
-        "losses/imitation_nll",
         "charts/mean_reward",
     ):
         if k in doc.get("curve", {}):

@@ -87,9 +87,6 @@ class TrainSettings(_Strict):
     # divide rewards by a running standard deviation of the discounted return (per decision
     # the completion term alone ranges over two orders of magnitude)
     reward_norm: bool = False
-    # weight of a behaviour-cloning loss on the warm start's demonstrations added to every
-    # PPO minibatch: holds the policy to its teacher where the reward says nothing clear
-    imitation_coef: float = Field(default=0.0, ge=0)
     # False: every episode is drawn from the curriculum's last stage (the evaluation's DAG
     # sizes), as suits a warm-started policy that already places like its teacher
     curriculum: bool = True

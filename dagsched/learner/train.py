@@ -134,24 +134,6 @@ def demonstrations(
     return obs, nodes, units
 
 
-@dataclass
-class Demos:
-    """The teacher's normalised observations and actions, for the imitation loss in PPO."""
-
-    obs: list[Observation]
-    nodes: list[int]
-    units: list[list[float]]
-
-    def nll(self, model: ActorCritic, size: int, device: torch.device) -> torch.Tensor:
-        """Mean negative log-likelihood of `size` random teacher actions."""
-        mb = np.random.randint(0, len(self.obs), size)
-        out = model(*collate([self.obs[i] for i in mb]).to(device).args())
-        node = torch.tensor([self.nodes[i] for i in mb], device=device)
-        unit = torch.tensor([self.units[i] for i in mb], device=device)
-        logp, _ = evaluate(out, node, unit)
-        return -logp.mean()
-
-
 def imitate(
     model: ActorCritic,
     normalizer: FeatureNormalizer,
@@ -225,7 +207,6 @@ def train(
     scaler = RewardScaler(hp.gamma, hp.num_envs) if hp.reward_norm else None
     start_update = 0
     warmed = 0
-    demos: Demos | None = None
     if checkpoint is not None and checkpoint.exists():
         state = torch.load(checkpoint, map_location=device, weights_only=False)
         model.load_state_dict(state["model"])
@@ -244,8 +225,6 @@ def train(
             seed=seed,
         )
         normalizer = FeatureNormalizer().fit(demo_obs)
-        if warm_start and hp.imitation_coef > 0:
-            demos = Demos([normalizer.transform(o) for o in demo_obs], demo_nodes, demo_units)
         if warm_start:
             imitate(
                 model,
@@ -319,7 +298,7 @@ def train(
             curriculum.progress = (time.perf_counter() - started) / (minutes * 60)
         b_obs, b = collect()
         decisions += len(b_obs)
-        metrics = _ppo_update(model, opt, hp, b_obs, b, device, demos)
+        metrics = _ppo_update(model, opt, hp, b_obs, b, device)
         update += 1
         metrics["charts/mean_reward"] = float(b["raw_reward"].mean())
         metrics["losses/explained_variance"] = explained_variance(b["value"], b["return"])
@@ -353,7 +332,6 @@ def _ppo_update(
     b_obs: list[Observation],
     b: dict[str, np.ndarray],
     device: torch.device,
-    demos: Demos | None = None,
 ) -> dict[str, float]:
     model.train()
     n = len(b_obs)
@@ -383,10 +361,6 @@ def _ppo_update(
             )
             opt.zero_grad()
             actor_loss = parts.pg_loss - hp.ent_coef * parts.entropy
-            if demos is not None:
-                bc = demos.nll(model, len(mb), device)
-                actor_loss = actor_loss + hp.imitation_coef * bc
-                last_bc = bc.detach()
             if hp.value_trunk_grad:
                 (actor_loss + hp.vf_coef * parts.v_loss).backward()
             else:  # the value loss reaches the value head only
@@ -404,8 +378,6 @@ def _ppo_update(
                 "losses/approx_kl": parts.approx_kl,
                 "losses/clipfrac": parts.clipfrac,
             }
-            if demos is not None:
-                last["losses/imitation_nll"] = last_bc
     return {k: float(v.detach()) for k, v in last.items()}
 
 

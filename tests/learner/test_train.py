@@ -19,7 +19,7 @@ from dagsched.service_config import TrainSettings
 from dagsched.settings import SettingsError, load_settings
 from dagsched.sim.config import ScenarioConfig, WorkloadConfig
 
-TINY = TrainSettings(num_envs=1, update_epochs=1)
+TINY = TrainSettings(num_envs=1, update_epochs=1, rollout_steps=64, minibatch_size=64)
 
 
 def _scenario() -> ScenarioConfig:
@@ -76,6 +76,7 @@ def test_cli_train_registers_the_first_version_as_champion(tmp_path: Path) -> No
         "DAGSCHED_HOME": str(tmp_path / "home"),
         "DAGSCHED_TRAIN__NUM_ENVS": "1",
         "DAGSCHED_TRAIN__UPDATE_EPOCHS": "1",
+        "DAGSCHED_TRAIN__ROLLOUT_STEPS": "64",
         "DAGSCHED_SIM__WORKLOAD__SIZE": "[4, 10]",
         "MLFLOW_DISABLE_TELEMETRY": "true",
     }
