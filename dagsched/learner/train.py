@@ -195,15 +195,12 @@ def train(
     model = ActorCritic(ModelConfig(hidden=hp.hidden, finish_prior=hp.finish_prior)).to(device)
     critic = [p for n, p in model.named_parameters() if n.split(".")[0] == "critic"]
     rest = [p for n, p in model.named_parameters() if n.split(".")[0] != "critic"]
-    groups: list[dict[str, Any]] = [
-        {"params": rest},
-        {"params": critic, "lr": hp.critic_lr or hp.learning_rate},
-    ]
-    opt = torch.optim.Adam(
-        groups,
-        lr=hp.learning_rate,
-        eps=1e-5,
-    )
+    # one parameter group unless the critic has its own rate: checkpoints of runs before
+    # `critic_lr` existed still resume
+    groups: list[dict[str, Any]] = [{"params": list(model.parameters())}]
+    if hp.critic_lr is not None:
+        groups = [{"params": rest}, {"params": critic, "lr": hp.critic_lr}]
+    opt = torch.optim.Adam(groups, lr=hp.learning_rate, eps=1e-5)
     scaler = RewardScaler(hp.gamma, hp.num_envs) if hp.reward_norm else None
     start_update = 0
     warmed = 0
