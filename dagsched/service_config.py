@@ -81,13 +81,40 @@ class TrainSettings(_Strict):
     # (CleanRL's target_kl); None: always run every epoch
     target_kl: float | None = Field(default=None, gt=0)
     max_rollout: int = Field(default=2048, ge=64)
+    # decisions per simulator per update; None: min(max_rollout, 3 x mean DAG size)
+    rollout_steps: int | None = Field(default=None, ge=1)
     num_envs: int = Field(default=4, ge=1)
+    # learning rate of the value head (`critic`); None: learning_rate
+    critic_lr: float | None = Field(default=None, gt=0)
+    # False: the value loss trains the value head only, not the encoder it shares with the
+    # actor, so fitting returns cannot move the policy
+    value_trunk_grad: bool = True
+    # after imitation, updates that train the value head alone on rollouts of the frozen
+    # warm-started actor, so PPO's first advantages are not noise
+    critic_warmup_updates: int = Field(default=0, ge=0)
+    # divide rewards by a running standard deviation of the discounted return (per decision
+    # the completion term alone ranges over two orders of magnitude)
+    reward_norm: bool = False
+    # False: every episode is drawn from the curriculum's last stage (the evaluation's DAG
+    # sizes), as suits a warm-started policy that already places like its teacher
+    curriculum: bool = True
+    # every curriculum stage draws its load from this range instead of the stage's own
+    load_range: tuple[float, float] | None = None
     # initial weight of the finish-time prior on the node logits (0: the scorer alone)
     finish_prior: float = Field(default=10.0, ge=0)
+    # width of the network's embeddings and MLPs (`ModelConfig.hidden`)
+    hidden: int = Field(default=64, ge=8, le=1024)
     # deadline slack of the training scenarios (deadline = critical path x slack), when it
     # should differ from `sim.workload.slack`: tighter deadlines make the reward's deadline
     # term speak where the default ones are always met. Evaluation keeps `sim`'s.
     deadline_slack: tuple[float, float] | None = None
+
+    @field_validator("load_range")
+    @classmethod
+    def _load_range(cls, v: tuple[float, float] | None) -> tuple[float, float] | None:
+        if v is not None and not 0 < v[0] <= v[1] <= 2:
+            raise ValueError("must be [low, high] with 0 < low <= high <= 2")
+        return v
 
     @field_validator("deadline_slack")
     @classmethod

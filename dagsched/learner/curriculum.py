@@ -36,9 +36,15 @@ CLUSTER_SIZES = (16, 32, 48)
 class Curriculum:
     """Makes `(scenario, workflows)` episodes; `progress` (0..1) is set by the trainer."""
 
-    def __init__(self, base: ScenarioConfig, workflows_per_episode: int = 24) -> None:
+    def __init__(
+        self,
+        base: ScenarioConfig,
+        workflows_per_episode: int = 24,
+        load: tuple[float, float] | None = None,
+    ) -> None:
         self.base = base
         self.workflows = workflows_per_episode
+        self.load = load  # replaces every stage's load range when set
         self.progress = 0.0
 
     def stage(self) -> Stage:
@@ -52,7 +58,7 @@ class Curriculum:
             self.base.workload,
             workflows=self.workflows,
             size=st.size,
-            load=float(rng.uniform(*st.load)),
+            load=float(rng.uniform(*(self.load or st.load))),
         )
         scenario = replace(self.base, cluster=self.base.cluster.scaled(nodes), workload=workload)
         gen = WorkloadGenerator(workload, scenario.cluster, rng, scenario.truth)

@@ -59,6 +59,48 @@ def rollout_length(mean_dag_size: float, cap: int = 2048) -> int:
     return max(64, int(min(cap, 3 * mean_dag_size)) // 64 * 64)
 
 
+class RewardScaler:
+    """Divides rewards by a running standard deviation of the discounted return (as
+    Stable-Baselines3's VecNormalize does), one running return per simulator."""
+
+    def __init__(self, gamma: float, envs: int) -> None:
+        self.gamma = gamma
+        self.ret = np.zeros(envs)
+        self.count = 1e-4
+        self.mean = 0.0
+        self.var = 1.0
+
+    @property
+    def std(self) -> float:
+        return float(np.sqrt(self.var + 1e-8))
+
+    def update(self, env: int, rewards: np.ndarray, dones: np.ndarray) -> None:
+        """Fold one simulator's rewards (in decision order) into the statistics."""
+        rets = np.empty(len(rewards))
+        r = self.ret[env]
+        for i, (rew, done) in enumerate(zip(rewards, dones, strict=True)):
+            r = r * self.gamma + rew
+            rets[i] = r
+            if done:
+                r = 0.0
+        self.ret[env] = r
+        n = len(rets)
+        if n == 0:
+            return
+        b_mean, b_var = float(rets.mean()), float(rets.var())
+        delta, tot = b_mean - self.mean, self.count + n
+        self.mean += delta * n / tot
+        m2 = self.var * self.count + b_var * n + delta**2 * self.count * n / tot
+        self.var, self.count = m2 / tot, tot
+
+
+def explained_variance(values: np.ndarray, returns: np.ndarray) -> float:
+    """1 - Var(returns - values) / Var(returns): how much of the returns the critic saw
+    coming at collection time (1 perfect, 0 no better than a constant)."""
+    var = float(np.var(returns))
+    return float("nan") if var == 0 else 1.0 - float(np.var(returns - values)) / var
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
@@ -149,16 +191,28 @@ def train(
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     seed_everything(seed)
     started = time.perf_counter()
-    curriculum = Curriculum(scenario)
-    model = ActorCritic(ModelConfig(finish_prior=hp.finish_prior)).to(device)
-    opt = torch.optim.Adam(model.parameters(), lr=hp.learning_rate, eps=1e-5)
+    curriculum = Curriculum(scenario, load=hp.load_range)
+    model = ActorCritic(ModelConfig(hidden=hp.hidden, finish_prior=hp.finish_prior)).to(device)
+    critic = [p for n, p in model.named_parameters() if n.split(".")[0] == "critic"]
+    rest = [p for n, p in model.named_parameters() if n.split(".")[0] != "critic"]
+    # one parameter group unless the critic has its own rate: checkpoints of runs before
+    # `critic_lr` existed still resume
+    groups: list[dict[str, Any]] = [{"params": list(model.parameters())}]
+    if hp.critic_lr is not None:
+        groups = [{"params": rest}, {"params": critic, "lr": hp.critic_lr}]
+    opt = torch.optim.Adam(groups, lr=hp.learning_rate, eps=1e-5)
+    scaler = RewardScaler(hp.gamma, hp.num_envs) if hp.reward_norm else None
     start_update = 0
+    warmed = 0
     if checkpoint is not None and checkpoint.exists():
         state = torch.load(checkpoint, map_location=device, weights_only=False)
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         normalizer = state["normalizer"]
         start_update = state["update"]
+        warmed = state.get("critic_warmup", hp.critic_warmup_updates)
+        if scaler is not None and state.get("reward_scaler") is not None:
+            scaler = state["reward_scaler"]
     else:
         curriculum.progress = 1.0  # demonstrations and the normalizer see every stage
         demo_obs, demo_nodes, demo_units = demonstrations(
@@ -183,41 +237,68 @@ def train(
         curriculum.progress = 0.0
 
     mean_size = float(np.mean(scenario.workload.size))
-    steps = rollout_length(mean_size, hp.max_rollout)
+    steps = hp.rollout_steps or rollout_length(mean_size, hp.max_rollout)
     workers = [RolloutWorker(curriculum, seed=seed * 31 + i) for i in range(hp.num_envs)]
     # Rollouts decide one task at a time: that runs faster on the CPU than on a GPU, and the
     # scheduler feeds CPU tensors. The PPO update runs on `device`; the actor is synced back.
     actor = model if device.type == "cpu" else ActorCritic(model.cfg)
     history: list[dict[str, float]] = []
     decisions = 0
-    update = start_update
     deadline = started + minutes * 60 if minutes is not None else float("inf")
-    total = updates if updates is not None else None
-    while (updates is None or update < updates) and time.perf_counter() < deadline:
-        if total is not None:
-            curriculum.progress = update / max(1, total)
-        elif minutes is not None:
-            curriculum.progress = (time.perf_counter() - started) / (minutes * 60)
+
+    def collect() -> tuple[list[Observation], dict[str, np.ndarray]]:
         if actor is not model:
             actor.load_state_dict(model.state_dict())
         model.eval()
         sched = GNNScheduler(actor, normalizer, "training", deterministic=False)
         b_obs: list[Observation] = []
         parts: list[dict[str, np.ndarray]] = []
-        for w in workers:
+        for i, w in enumerate(workers):
             trs, last_value = w.collect(steps, sched)
             arr = stack(trs)
+            arr["raw_reward"] = arr["reward"]
+            if scaler is not None:
+                scaler.update(i, arr["reward"], arr["done"])
+                arr["reward"] = arr["reward"] / scaler.std
             adv, ret = compute_gae(
                 arr["reward"], arr["value"], arr["done"], last_value, hp.gamma, hp.gae_lambda
             )
             arr["advantage"], arr["return"] = adv, ret
             parts.append(arr)
             b_obs += [normalizer.transform(t.obs) for t in trs]
-        b = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+        return b_obs, {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+    # The value head alone, on rollouts of the frozen warm-started actor: until it is fitted,
+    # PPO's advantages are noise that moves the policy away from its start.
+    if warm_start and warmed < hp.critic_warmup_updates:
+        curriculum.progress = 0.0 if hp.curriculum else 1.0
+        critic_opt = torch.optim.Adam(critic, lr=hp.critic_lr or hp.learning_rate, eps=1e-5)
+        while warmed < hp.critic_warmup_updates and time.perf_counter() < deadline:
+            b_obs, b = collect()
+            decisions += len(b_obs)
+            metrics = _value_update(model, critic_opt, hp, b_obs, b, device)
+            warmed += 1
+            metrics["charts/mean_reward"] = float(b["raw_reward"].mean())
+            metrics["losses/explained_variance"] = explained_variance(b["value"], b["return"])
+            history.append(metrics)
+            if sink is not None:
+                sink(metrics, warmed - hp.critic_warmup_updates)
+
+    update = start_update
+    total = updates if updates is not None else None
+    while (updates is None or update < updates) and time.perf_counter() < deadline:
+        if not hp.curriculum:
+            curriculum.progress = 1.0
+        elif total is not None:
+            curriculum.progress = update / max(1, total)
+        elif minutes is not None:
+            curriculum.progress = (time.perf_counter() - started) / (minutes * 60)
+        b_obs, b = collect()
         decisions += len(b_obs)
         metrics = _ppo_update(model, opt, hp, b_obs, b, device)
         update += 1
-        metrics["charts/mean_reward"] = float(b["reward"].mean())
+        metrics["charts/mean_reward"] = float(b["raw_reward"].mean())
+        metrics["losses/explained_variance"] = explained_variance(b["value"], b["return"])
         finished = [s for w in workers for s in w.stats.summaries]
         for w in workers:
             w.stats.summaries.clear()
@@ -232,9 +313,9 @@ def train(
         if on_update is not None:
             on_update(update, updates)
         if checkpoint is not None and update % 10 == 0:
-            _save_checkpoint(checkpoint, model, opt, normalizer, update)
+            _save_checkpoint(checkpoint, model, opt, normalizer, update, warmed, scaler)
     if checkpoint is not None:
-        _save_checkpoint(checkpoint, model, opt, normalizer, update)
+        _save_checkpoint(checkpoint, model, opt, normalizer, update, warmed, scaler)
     model.eval()
     return TrainResult(
         model.cpu(), normalizer, update, decisions, time.perf_counter() - started, history
@@ -276,7 +357,15 @@ def _ppo_update(
                 hp.vf_coef,
             )
             opt.zero_grad()
-            parts.loss.backward()
+            actor_loss = parts.pg_loss - hp.ent_coef * parts.entropy
+            if hp.value_trunk_grad:
+                (actor_loss + hp.vf_coef * parts.v_loss).backward()
+            else:  # the value loss reaches the value head only
+                critic = list(model.critic.parameters())
+                grads = torch.autograd.grad(hp.vf_coef * parts.v_loss, critic, retain_graph=True)
+                actor_loss.backward()
+                for p, g in zip(critic, grads, strict=True):
+                    p.grad = g if p.grad is None else p.grad + g
             torch.nn.utils.clip_grad_norm_(model.parameters(), hp.max_grad_norm)
             opt.step()
             last = {
@@ -289,12 +378,47 @@ def _ppo_update(
     return {k: float(v.detach()) for k, v in last.items()}
 
 
+def _value_update(
+    model: ActorCritic,
+    opt: torch.optim.Optimizer,
+    hp: TrainSettings,
+    b_obs: list[Observation],
+    b: dict[str, np.ndarray],
+    device: torch.device,
+) -> dict[str, float]:
+    """`update_epochs` epochs of the value loss alone; `opt` holds the value head's
+    parameters only, so the actor is untouched."""
+    model.train()
+    returns = torch.as_tensor(b["return"], device=device).float()
+    inds = np.arange(len(b_obs))
+    losses: list[float] = []
+    for _epoch in range(hp.update_epochs):
+        np.random.shuffle(inds)
+        for start in range(0, len(inds), hp.minibatch_size):
+            mb = inds[start : start + hp.minibatch_size]
+            batch = collate([b_obs[i] for i in mb]).to(device)
+            with torch.no_grad():  # the encoder is the actor's: only the head learns
+                dag = model.encode_dag(
+                    batch.dag_x, batch.dag_edges, batch.dag_batch, batch.this_task, len(mb)
+                )
+            out = model.heads(batch.nodes, batch.mask, batch.cluster, dag, batch.anchor)
+            v_loss = 0.5 * ((out.value - returns[torch.as_tensor(mb, device=device)]) ** 2).mean()
+            opt.zero_grad()
+            v_loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.critic.parameters(), hp.max_grad_norm)
+            opt.step()
+            losses.append(float(v_loss.detach()))
+    return {"losses/warmup_value_loss": float(np.mean(losses[-max(1, len(losses) // 4) :]))}
+
+
 def _save_checkpoint(
     path: Path,
     model: ActorCritic,
     opt: torch.optim.Optimizer,
     normalizer: FeatureNormalizer,
     update: int,
+    critic_warmup: int = 0,
+    scaler: RewardScaler | None = None,
 ) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
@@ -304,6 +428,8 @@ def _save_checkpoint(
             "optimizer": opt.state_dict(),
             "normalizer": normalizer,
             "update": update,
+            "critic_warmup": critic_warmup,
+            "reward_scaler": scaler,
         },
         tmp,
     )

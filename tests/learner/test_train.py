@@ -9,6 +9,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -18,7 +19,7 @@ from dagsched.service_config import TrainSettings
 from dagsched.settings import SettingsError, load_settings
 from dagsched.sim.config import ScenarioConfig, WorkloadConfig
 
-TINY = TrainSettings(num_envs=1, update_epochs=1)
+TINY = TrainSettings(num_envs=1, update_epochs=1, rollout_steps=64, minibatch_size=64)
 
 
 def _scenario() -> ScenarioConfig:
@@ -75,6 +76,7 @@ def test_cli_train_registers_the_first_version_as_champion(tmp_path: Path) -> No
         "DAGSCHED_HOME": str(tmp_path / "home"),
         "DAGSCHED_TRAIN__NUM_ENVS": "1",
         "DAGSCHED_TRAIN__UPDATE_EPOCHS": "1",
+        "DAGSCHED_TRAIN__ROLLOUT_STEPS": "64",
         "DAGSCHED_SIM__WORKLOAD__SIZE": "[4, 10]",
         "MLFLOW_DISABLE_TELEMETRY": "true",
     }
@@ -152,3 +154,79 @@ def test_a_short_run_on_a_tiny_faithful_world_improves_its_return() -> None:
         return float(simulate(held_out, SchedulerPolicy(sched, "t"), seed=10_000)["total_reward"])
 
     assert total_reward(result.model) > total_reward(untrained)
+
+
+def test_reward_scaler_tracks_the_discounted_return() -> None:
+    from dagsched.learner.train import RewardScaler
+
+    rng = np.random.default_rng(0)
+    rewards = rng.normal(-1.0, 0.5, 4000)
+    dones = np.zeros(4000)
+    dones[1999] = 1.0
+    sc = RewardScaler(gamma=0.9, envs=2)
+    for start in range(0, 4000, 500):  # in rollouts, as the trainer feeds it
+        sc.update(0, rewards[start : start + 500], dones[start : start + 500])
+    rets, r = [], 0.0
+    for rew, done in zip(rewards, dones, strict=True):
+        r = r * 0.9 + rew
+        rets.append(r)
+        if done:
+            r = 0.0
+    assert sc.std == pytest.approx(float(np.std(rets)), rel=1e-3)
+    assert sc.ret[1] == 0.0  # the other simulator's return is its own
+
+
+def test_critic_warmup_leaves_the_actor_as_imitated() -> None:
+    kw = dict(seed=3, warm_start="heft_history", imitation_episodes=1, imitation_epochs=1)
+    plain = train(_scenario(), TINY, updates=0, device=torch.device("cpu"), **kw)  # type: ignore[arg-type]
+    hp = TINY.model_copy(update={"critic_warmup_updates": 1, "curriculum": False})
+    warmed = train(_scenario(), hp, updates=0, device=torch.device("cpu"), **kw)  # type: ignore[arg-type]
+    assert warmed.decisions == 64 and plain.decisions == 0
+    a, b = plain.model.state_dict(), warmed.model.state_dict()
+    changed = {k for k in a if not torch.equal(a[k], b[k])}
+    assert changed and all(k.startswith("critic.") for k in changed)
+
+
+def test_load_range_replaces_every_stage_load() -> None:
+    from dagsched.learner.curriculum import Curriculum
+
+    cur = Curriculum(ScenarioConfig(), workflows_per_episode=2, load=(0.8, 0.95))
+    for progress in (0.0, 0.3, 1.0):
+        cur.progress = progress
+        loads = [cur(s)[0].workload.load for s in range(8)]
+        assert all(0.8 <= x <= 0.95 for x in loads)
+
+
+@pytest.mark.parametrize("through_trunk", [True, False])
+def test_value_loss_reaches_the_encoder_only_when_asked(through_trunk: bool) -> None:
+    """With zero advantages and no entropy bonus only the value loss has a gradient: it
+    moves the shared encoder with `value_trunk_grad`, the value head alone without it."""
+    from dagsched.learner.curriculum import Curriculum
+    from dagsched.learner.train import _ppo_update, demonstrations
+    from dagsched.policy.model import ActorCritic
+    from dagsched.policy.normalizer import FeatureNormalizer
+
+    obs, nodes, units = demonstrations(
+        Curriculum(ScenarioConfig(), workflows_per_episode=2), 1, "heft", seed=0
+    )
+    obs, nodes, units = obs[:32], nodes[:32], units[:32]
+    norm = FeatureNormalizer().fit(obs)
+    torch.manual_seed(0)
+    model = ActorCritic()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    n = len(obs)
+    b = {
+        "node": np.array(nodes),
+        "unit": np.array(units, dtype=np.float32),
+        "logprob": np.zeros(n, dtype=np.float32),
+        "advantage": np.zeros(n),
+        "return": np.full(n, 5.0),
+    }
+    hp = TrainSettings(update_epochs=1, ent_coef=0.0, value_trunk_grad=through_trunk)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    _ppo_update(model, opt, hp, [norm.transform(o) for o in obs], b, torch.device("cpu"))
+    after = model.state_dict()
+    changed = {k.split(".")[0] for k in after if not torch.equal(after[k], before[k])}
+    assert "critic" in changed
+    assert ("gat1" in changed) is through_trunk
+    assert not changed & {"scorer", "cont_head", "prior"}
