@@ -69,9 +69,7 @@ class ClusterView:
         a queue in front does not hold it back), else it queues."""
         spec = task.workflow.tasks[task.idx]
         cores, mem_gb = cpu * self.cores[node], mem * self.mem_gb[node]
-        fits = bool(
-            self.free_cores[node] + 1e-9 >= cores and self.free_mem[node] + 1e-9 >= mem_gb
-        )
+        fits = bool(self.free_cores[node] + 1e-9 >= cores and self.free_mem[node] + 1e-9 >= mem_gb)
         if fits:
             self.free_cores[node] -= cores
             self.free_mem[node] -= mem_gb

@@ -68,7 +68,6 @@ def test_shipped_champion_loads_its_own_trained_weights() -> None:
             np.testing.assert_array_equal(got, want)
 
 
-
 def test_smoke_inference_refuses_nan_weights(
     tmp_path: Path, model: ActorCritic, normalizer: FeatureNormalizer
 ) -> None:
