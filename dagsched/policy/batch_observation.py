@@ -9,9 +9,9 @@ whole node arrays. Everything else is per (task, node) and computed once.
 
 The observations are `observe`'s bit for bit (the daemon's decision log compares the first
 one with `observe`; `tests/policy/test_fast_exact.py` compares all of them, on several
-scenarios and node counts), and the shared helpers (`demand_fractions`, `_fits_now`,
-`transfer_estimate_s`, `dag_features`, `predicted_use`) are called, not copied, so a change
-there is followed here.
+scenarios and node counts), and the shared helpers (`demand_fractions`, `fits_now`,
+`task_context`, `transfer_estimate_s`, `dag_features`, `predicted_use`) are called, not
+copied, so a change there is followed here.
 """
 
 from __future__ import annotations
@@ -27,14 +27,15 @@ from dagsched.sim.observation import (
     GB,
     NODE_FEATURES,
     Observation,
-    _fits_now,
     dag_features,
     demand_fractions,
+    fits_now,
+    task_context,
     transfer_estimate_s,
 )
 from dagsched.sim.state import CPU_BOUNDS, MEM_BOUNDS
 from dagsched.sim.view import ClusterView, TaskView
-from dagsched.sim.workflow import TaskSpec, Workflow, upward_rank
+from dagsched.sim.workflow import Workflow, upward_rank
 
 # the node features a placement can change (they read free cores, free memory or the queue)
 DYNAMIC: tuple[int, ...] = tuple(
@@ -131,7 +132,7 @@ class BatchObservation:
             ],
             axis=2,
         ).astype(np.float32)
-        self.cluster0 = self._cluster_static(specs, preds, used_c, used_m)
+        self.cluster0 = self._cluster_static(preds, used_c, used_m)
         self.cache = cache if cache is not None else DagCache()
         self.dags = self._dags(self.cache)
 
@@ -158,8 +159,8 @@ class BatchObservation:
         """The DYNAMIC node features of task `i` on the view now: [n, len(DYNAMIC)]."""
         v, inv_c = self.view, self.inv_c
         cpu_used, mem_free, queued = self._shared()
-        fits = _fits_now(v, self.res_c[i], self.res_m[i])
-        p_fits = _fits_now(v, self.p_res_c[i], self.p_res_m[i])
+        fits = fits_now(v, self.res_c[i], self.res_m[i])
+        p_fits = fits_now(v, self.p_res_c[i], self.p_res_m[i])
         cold, transfer = self.cold[i, 0], self.transfer[i]
         out = self._dyn_buf
         out[:, 0] = cpu_used
@@ -183,10 +184,10 @@ class BatchObservation:
         row where this differs in the last bit from `_dynamic` is only recomputed by the
         caller, which compares: the observations themselves come from `_dynamic`.)"""
         v, inv_c = self.view, self.inv_c
-        fits = _fits_now(v, self.res_c, self.res_m)
+        fits = fits_now(v, self.res_c, self.res_m)
         queued = v.queued_core_s * inv_c
         wait = queued + np.where(fits, 0.0, self.compute_mean[:, None])
-        p_fits = _fits_now(v, self.p_res_c, self.p_res_m)
+        p_fits = fits_now(v, self.p_res_c, self.p_res_m)
         p_wait = queued + np.where(p_fits, 0.0, self.p_compute_mean[:, None])
         shape = self.res_c.shape
         return np.stack(
@@ -253,7 +254,6 @@ class BatchObservation:
 
     def _cluster_static(
         self,
-        specs: list[TaskSpec],
         preds: list[tuple[float, float, float]],
         used_c: np.ndarray,
         used_m: np.ndarray,
@@ -265,41 +265,10 @@ class BatchObservation:
         alive_frac = float(alive.mean())
         uc = float(used_c[alive].mean()) if any_alive else 0.0
         um = float(used_m[alive].mean()) if any_alive else 0.0
-        rows = []
-        for t, spec, (p_cores, p_mem, p_rt) in zip(self.tasks, specs, preds, strict=True):
-            h = t.history
-            known = h is not None and h.count > 0
-            p50_p90 = (
-                (h.cpu_p50, h.cpu_p90, h.mem_p50, h.mem_p90)
-                if known and h is not None
-                else (1.0, 1.0, 1.0, 1.0)
-            )
-            rows.append(
-                [
-                    0.0,
-                    0.0,
-                    0.0,
-                    0.0,
-                    alive_frac,
-                    t.sub_deadline_s - v.now,
-                    t.attempt,
-                    np.log1p(spec.duration_s),
-                    spec.cpu_cores,
-                    spec.mem_gb,
-                    uc,
-                    um,
-                    float(known),
-                    np.log1p(h.count) if h is not None else 0.0,
-                    *p50_p90,
-                    p_rt,
-                    h.runtime_p90 if known and h is not None else 1.0,
-                    np.log1p(h.ooms) if h is not None else 0.0,
-                    h.oom_limit if h is not None else 0.0,
-                    np.log1p(spec.duration_s * p_rt),
-                    p_cores,
-                    p_mem,
-                ]
-            )
+        rows = [
+            [0.0, 0.0, 0.0, 0.0, *task_context(t, v.now, pred, alive_frac, uc, um)]
+            for t, pred in zip(self.tasks, preds, strict=True)
+        ]
         return np.array(rows, dtype=float)
 
     def _dags(self, cache: DagCache) -> list[tuple[np.ndarray, np.ndarray]]:

@@ -193,10 +193,53 @@ def dag_features(task: TaskView, rank: list[float] | None = None) -> tuple[np.nd
     return dag, edges
 
 
-def _fits_now(cluster: ClusterView, cores: np.ndarray, mem: np.ndarray) -> np.ndarray:
+def fits_now(cluster: ClusterView, cores: np.ndarray, mem: np.ndarray) -> np.ndarray:
     """Nodes where a reservation of `cores` and `mem` would start now: it fits what is free
     (nodes backfill, so a queue in front does not hold it back)."""
     return (cluster.free_cores >= cores - 1e-9) & (cluster.free_mem >= mem - 1e-9)
+
+
+def task_context(
+    task: TaskView,
+    now: float,
+    prediction: tuple[float, float, float],
+    alive_frac: float,
+    used_c: float,
+    used_m: float,
+) -> list[float]:
+    """The cluster features after the four load aggregates: the alive share, the task's slack,
+    attempt and declared demands, the mean measured use, and what history says of its family
+    (`prediction`: `predicted_use`'s cores, memory and runtime ratio)."""
+    spec = task.workflow.tasks[task.idx]
+    h = task.history
+    p_cores, p_mem, p_rt = prediction
+    known = h is not None and h.count > 0
+    # percentiles of a family seen finishing; ratio 1 (as declared) for one never seen
+    p50_p90 = (
+        (h.cpu_p50, h.cpu_p90, h.mem_p50, h.mem_p90)
+        if known and h is not None
+        else (1.0, 1.0, 1.0, 1.0)
+    )
+    return [
+        alive_frac,
+        task.sub_deadline_s - now,
+        task.attempt,
+        np.log1p(spec.duration_s),
+        spec.cpu_cores,
+        spec.mem_gb,
+        used_c,
+        used_m,
+        float(known),
+        np.log1p(h.count) if h is not None else 0.0,
+        *p50_p90,
+        p_rt,
+        h.runtime_p90 if known and h is not None else 1.0,
+        np.log1p(h.ooms) if h is not None else 0.0,
+        h.oom_limit if h is not None else 0.0,
+        np.log1p(spec.duration_s * p_rt),
+        p_cores,
+        p_mem,
+    ]
 
 
 def observe(
@@ -217,14 +260,14 @@ def observe(
     slow = np.maximum(1.0, spec.cpu_cores / res_c)
     compute = spec.duration_s / speed * slow * cluster.slowdown
     transfer = transfer_estimate_s(cluster, task)
-    fits = _fits_now(cluster, res_c, res_m)
+    fits = fits_now(cluster, res_c, res_m)
     wait = cluster.queued_core_s * inv_c + np.where(fits, 0.0, compute.mean())
     # what history predicts: the request it would make, and the runtime
     p_cores, p_mem, p_rt = predicted_use(spec.cpu_cores, spec.mem_gb, h)
     p_cpu_f, p_mem_f = demand_fractions(cluster, p_cores, p_mem)
     p_res_c, p_res_m = p_cpu_f * cluster.cores, p_mem_f * cluster.mem_gb
     p_compute = spec.duration_s * p_rt / speed * cluster.slowdown
-    p_fits = _fits_now(cluster, p_res_c, p_res_m)
+    p_fits = fits_now(cluster, p_res_c, p_res_m)
     p_wait = cluster.queued_core_s * inv_c + np.where(p_fits, 0.0, p_compute.mean())
     used_c = cluster.used_cores * inv_c if cluster.used_cores is not None else np.zeros(n)
     used_m = cluster.used_mem * inv_m if cluster.used_mem is not None else np.zeros(n)
@@ -262,37 +305,20 @@ def observe(
 
     used = cpu_used[alive] if alive.any() else np.zeros(1)
     queued = cluster.queued_core_s * inv_c
-    known = h is not None and h.count > 0
-    # percentiles of a family seen finishing; ratio 1 (as declared) for one never seen
-    p50_p90 = (
-        (h.cpu_p50, h.cpu_p90, h.mem_p50, h.mem_p90)
-        if known and h is not None
-        else (1.0, 1.0, 1.0, 1.0)
-    )
     cl = np.array(
         [
             float(used.var()),
             float((used <= 1e-9).mean()),
             float(queued[alive].mean()) if alive.any() else 0.0,
             float(cluster.queue_len.sum()),
-            float(alive.mean()),
-            task.sub_deadline_s - cluster.now,
-            task.attempt,
-            np.log1p(spec.duration_s),
-            spec.cpu_cores,
-            spec.mem_gb,
-            float(used_c[alive].mean()) if alive.any() else 0.0,
-            float(used_m[alive].mean()) if alive.any() else 0.0,
-            float(known),
-            np.log1p(h.count) if h is not None else 0.0,
-            *p50_p90,
-            p_rt,
-            h.runtime_p90 if known and h is not None else 1.0,
-            np.log1p(h.ooms) if h is not None else 0.0,
-            h.oom_limit if h is not None else 0.0,
-            np.log1p(spec.duration_s * p_rt),
-            p_cores,
-            p_mem,
+            *task_context(
+                task,
+                cluster.now,
+                (p_cores, p_mem, p_rt),
+                float(alive.mean()),
+                float(used_c[alive].mean()) if alive.any() else 0.0,
+                float(used_m[alive].mean()) if alive.any() else 0.0,
+            ),
         ],
         dtype=np.float32,
     )
