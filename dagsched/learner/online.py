@@ -303,6 +303,17 @@ class FinetuneResult:
     metrics: dict[str, float]
 
 
+def learning_window(window: Sequence[Joined], explore: bool) -> list[Joined]:
+    """What a round fine-tunes on: with an exploration slice on, its sampled attempts only
+    (served greedily, an attempt's logged action is the Beta mean, which PPO cannot compare
+    with anything), else the whole window; the whole window while the slice has none yet."""
+    if explore:
+        explored = [j for j in window if j.arm == "explore"]
+        if explored:
+            return explored
+    return list(window)
+
+
 def task_returns(data: Sequence[Joined]) -> list[float]:
     """Per attempt, its reward plus the rewards of the later attempts of the same task in
     `data`: what deciding this attempt led to. A reservation that gets a task OOM-killed is

@@ -26,7 +26,13 @@ import structlog
 from aiokafka import AIOKafkaConsumer
 
 from dagsched.learner.evaluation import Judge, Lease, WorkflowOutcomes, rule_from
-from dagsched.learner.online import FinetuneConfig, Joined, OutcomeJoiner, finetune_heads
+from dagsched.learner.online import (
+    FinetuneConfig,
+    Joined,
+    OutcomeJoiner,
+    finetune_heads,
+    learning_window,
+)
 from dagsched.policy.scheduler import GNNScheduler
 from dagsched.schemas.messages import BadMessage, decode
 from dagsched.settings import Settings
@@ -138,9 +144,7 @@ class LearnerService:
             c.update_epochs,
             c.minibatch_size,
         )
-        window = list(self.window)
-        if self.settings.daemon.explore_share > 0:  # learn from the sampled slice when there is one
-            window = [j for j in window if j.arm == "explore"] or window
+        window = learning_window(self.window, self.settings.daemon.explore_share > 0)
         start = self.resume_point(parent)
         result = finetune_heads(
             champ.model, champ.normalizer, window, cfg, start=start.model if start else None

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from dagsched.learner.evaluation import Judge, Sample, rule_from
-from dagsched.learner.online import FinetuneConfig, Joined, finetune_heads
+from dagsched.learner.online import FinetuneConfig, Joined, finetune_heads, learning_window
 from dagsched.policy.scheduler import GNNScheduler
 from dagsched.schemas.ab import workflow_bucket
 from dagsched.service_config import EvaluatorSettings
@@ -249,9 +249,7 @@ class SimLoop:
         chall = self.challenger
         base = chall if chall is not None and self.parent[chall] == self.champion else None
         champion = self.versions[self.champion]
-        window = list(self.window)
-        if self.cfg.explore_share > 0:
-            window = [j for j in window if j.arm == "explore"] or window
+        window = learning_window(self.window, self.cfg.explore_share > 0)
         result = finetune_heads(
             champion.model,
             champion.normalizer,

@@ -223,3 +223,15 @@ def test_credit_is_a_setting_with_a_clear_error(
     assert FinetuneConfig().credit == "task"
     with pytest.raises(ValueError, match="credit"):
         finetune_heads(model, normalizer, transitions, FinetuneConfig(credit="workflow"))
+
+
+def test_a_round_learns_from_the_exploration_slice_when_it_is_on() -> None:
+    from dataclasses import replace
+
+    from dagsched.learner.online import learning_window
+
+    served = [_attempt("wf/0", 0, -0.1), _attempt("wf/1", 0, -0.2)]
+    explored = replace(_attempt("wf/2", 0, -0.3), arm="explore")
+    assert learning_window([*served, explored], explore=True) == [explored]
+    assert learning_window([*served, explored], explore=False) == [*served, explored]
+    assert learning_window(served, explore=True) == served  # none sampled yet
