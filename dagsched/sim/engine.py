@@ -338,7 +338,7 @@ class Simulator:
         m.decisions += 1
         if t.prev_node >= 0 and t.prev_node != node:
             m.migrations += 1
-        if c.free_cores[node] + 1e-9 >= res_cores and c.free_mem[node] + 1e-9 >= res_mem:
+        if c.fits(node, res_cores, res_mem):
             self._start(t)  # backfill: it fits now, whatever waits in the queue
         else:
             t.state = _QUEUED
@@ -430,16 +430,15 @@ class Simulator:
         q = c.queues[node]
         if not q or not c.alive[node]:
             return
-        free_c, free_m = c.free_cores, c.free_mem
-        waiting = []
+        started = False
         for t in q:
-            if free_c[node] + 1e-9 >= t.res_cores and free_m[node] + 1e-9 >= t.res_mem:
+            if c.fits(node, t.res_cores, t.res_mem):
                 c.queue_len[node] -= 1
                 c.queued_core_s[node] -= self._est_core_s(t)
                 self._start(t)
-            else:
-                waiting.append(t)
-        if len(waiting) < len(q):
+                started = True
+        if started:  # keep the ones still waiting, in order
+            waiting = [t for t in q if t.state == _QUEUED]
             q.clear()
             q.extend(waiting)
 
