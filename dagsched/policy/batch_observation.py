@@ -53,7 +53,9 @@ DYNAMIC: tuple[int, ...] = tuple(
     )
 )
 _COL = {f: i for i, f in enumerate(NODE_FEATURES)}
-_DONE, _ACTIVE, _THIS = (DAG_FEATURES.index(f) for f in ("done", "active", "this_task"))
+_DONE, _ACTIVE = (DAG_FEATURES.index(f) for f in ("done", "active"))
+# a DAG input: its workflow object's id and which tasks are done and active (packed bits)
+DagKey = tuple[int, bytes, bytes]
 
 
 class BatchObservation:
@@ -134,7 +136,7 @@ class BatchObservation:
         ).astype(np.float32)
         self.cluster0 = self._cluster_static(preds, used_c, used_m)
         self.cache = cache if cache is not None else DagCache()
-        self.dags = self._dags(self.cache)
+        self.dags, self.dag_of, self.dag_keys = self._dags(self.cache)
 
     # -- per task, on the view as it is now ---------------------------------------------------
 
@@ -239,7 +241,7 @@ class BatchObservation:
 
     def observation(self, i: int, nodes: np.ndarray, cluster: np.ndarray) -> Observation:
         """Task `i`'s `Observation` from its `nodes` and `cluster` features."""
-        dag, edges = self.dags[i]
+        dag, edges = self.dags[self.dag_of[i]][:2]
         return Observation(
             nodes=nodes,
             mask=self.alive.copy(),
@@ -271,25 +273,36 @@ class BatchObservation:
         ]
         return np.array(rows, dtype=float)
 
-    def _dags(self, cache: DagCache) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Each task's `dag_features`: per workflow once (`cache`), then per task only the
-        done, active and this-task columns differ."""
-        out = []
-        for t in self.tasks:
-            x, edges = cache.get(t)[:2]
-            x = x.copy()
-            x[:, _DONE] = t.done
-            x[:, _ACTIVE] = t.active
-            x[:, _THIS] = 0.0
-            x[t.idx, _THIS] = 1.0
-            out.append((x, edges))
-        return out
+    def _dags(
+        self, cache: DagCache
+    ) -> tuple[list[tuple[np.ndarray, np.ndarray, TaskView]], np.ndarray, list[DagKey]]:
+        """The batch's distinct DAGs as (`dag_features`, edges, a task of it), per task the
+        index of its own, and each DAG's key (its workflow and state). Tasks of one workflow
+        at one state (the same done and active tasks: siblings of one snapshot) share one,
+        read-only: the features do not say which task is placed, so a burst of siblings is
+        one DAG to build and encode."""
+        dags: list[tuple[np.ndarray, np.ndarray, TaskView]] = []
+        index: dict[DagKey, int] = {}
+        dag_of = np.empty(len(self.tasks), dtype=np.int64)
+        for i, t in enumerate(self.tasks):
+            key = (id(t.workflow), np.packbits(t.done).tobytes(), np.packbits(t.active).tobytes())
+            k = index.get(key)
+            if k is None:
+                x, edges = cache.get(t)[:2]
+                x = x.copy()
+                x[:, _DONE] = t.done
+                x[:, _ACTIVE] = t.active
+                x.flags.writeable = False
+                k = index[key] = len(dags)
+                dags.append((x, edges, t))
+            dag_of[i] = k
+        return dags, dag_of, list(index)
 
 
 class DagCache:
     """Per workflow, what its DAG encoding's inputs do not owe to where it stands: the
-    `dag_features` of any of its tasks (upward ranks included; the done, active and
-    this-task columns are overwritten per task) and the edge list both ways with self loops,
+    `dag_features` of any of its tasks (upward ranks included; the done and active columns
+    are overwritten per batch) and the edge list both ways with self loops,
     sorted by destination (`in_edges`). Kept across batches for the workflow objects a caller
     keeps (the daemon's workflow cache, the simulator's runs): keyed by the object, which the
     entry holds so its id is not reused; least recently used out beyond `max_rows` task rows

@@ -3,7 +3,8 @@ with the network run once per batch and only what a placement changes recomputed
 
 Per batch (`place_fast`):
 1. the observations of every task on the snapshot, vectorised (`BatchObservation`);
-2. the DAG encoder over the batch's DAGs, one pass, each workflow's features built once;
+2. the DAG encoder over the batch's distinct DAGs, one pass: each workflow once, however
+   many of its tasks the batch places (its features do not say which one is placed);
    the DAG half of the cluster MLP's first layer, once;
 3. the per-node MLP and the node half of the scorer's first layer for every (task, node)
    pair, as three matrix products.
@@ -99,15 +100,32 @@ def place_fast(
 
 
 def _encode(net: NumpyNet, obs: BatchObservation) -> np.ndarray:
-    """The DAG encoder over every task's DAG, one pass: [B, 2H]."""
-    parts = []
-    for t in obs.tasks:
-        src, dst = obs.cache.get(t)[2:]
-        parts.append((t.workflow.size, src, dst))
-    graph, firsts = batch_graph(parts)
-    this = firsts + np.array([t.idx for t in obs.tasks], dtype=np.int64)
-    dag_x = np.concatenate([x for x, _ in obs.dags])
-    return net.encode_dags(dag_x, graph, firsts, this)
+    """Per task, its DAG's pooled encoding and its own row of the encoded DAG: [B, 2H].
+    The batch's distinct DAGs (`BatchObservation.dags`: siblings share one) that earlier
+    batches did not encode (`NumpyNet.encodings`) are encoded in one pass."""
+    owners = [t.workflow for _, _, t in obs.dags]
+    found = [net.encodings.get(k, wf) for k, wf in zip(obs.dag_keys, owners, strict=True)]
+    todo = [k for k, hit in enumerate(found) if hit is None]
+    if todo:
+        parts = []
+        for k in todo:
+            src, dst = obs.cache.get(obs.dags[k][2])[2:]
+            parts.append((owners[k].size, src, dst))
+        graph, firsts = batch_graph(parts)
+        dag_x = np.concatenate([obs.dags[k][0] for k in todo])
+        pooled, x = net.encode_graphs(dag_x, graph, firsts)
+        ends = np.append(firsts[1:], x.shape[0])
+        for j, k in enumerate(todo):
+            rows = x[firsts[j] : ends[j]]
+            net.encodings.put(obs.dag_keys[k], owners[k], pooled[j], rows)
+            found[k] = (pooled[j], rows)
+    encoded = [hit for hit in found if hit is not None]
+    h = net.hidden
+    out = np.empty((len(obs.tasks), 2 * h), dtype=F32)
+    out[:, :h] = np.stack([p for p, _ in encoded])[obs.dag_of]
+    for i, t in enumerate(obs.tasks):
+        out[i, h:] = encoded[obs.dag_of[i]][1][t.idx]
+    return out
 
 
 def _choose(logits: np.ndarray, rng: np.random.Generator | None) -> tuple[int, float]:

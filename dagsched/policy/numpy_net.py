@@ -25,7 +25,8 @@ instead of serving different numbers.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -183,6 +184,41 @@ def batch_graph(parts: Sequence[tuple[int, np.ndarray, np.ndarray]]) -> tuple[Gr
     return Graph(src, dst, starts), offsets
 
 
+class Encodings:
+    """Encoded DAGs kept across batches: per DAG input (`batch_observation.DagKey`: a
+    workflow at a state), its pooled encoding [H] and task embeddings [T, H]. A map stage's
+    siblings arrive over many batches with their workflow unchanged: it is encoded once.
+    Holds each workflow object so its id is not reused; least recently used out beyond
+    `max_rows` task rows (256 bytes each at hidden 64: ~25 MB at the default). Belongs to
+    one `NumpyNet` (one set of weights)."""
+
+    def __init__(self, max_rows: int = 100_000) -> None:
+        self.max_rows = max_rows
+        self.rows = 0
+        self._entries: OrderedDict[Hashable, tuple[object, np.ndarray, np.ndarray]] = OrderedDict()
+
+    def get(self, key: Hashable, owner: object) -> tuple[np.ndarray, np.ndarray] | None:
+        hit = self._entries.get(key)
+        if hit is None or hit[0] is not owner:
+            return None
+        self._entries.move_to_end(key)
+        return hit[1], hit[2]
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self.rows = 0
+
+    def put(self, key: Hashable, owner: object, pooled: np.ndarray, x: np.ndarray) -> None:
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self.rows -= old[2].shape[0]
+        self._entries[key] = (owner, pooled, x)
+        self.rows += x.shape[0]
+        while self.rows > self.max_rows and len(self._entries) > 1:
+            _, (_, _, gone) = self._entries.popitem(last=False)
+            self.rows -= gone.shape[0]
+
+
 class NumpyNet:
     """`ActorCritic` and its `FeatureNormalizer` as float32 numpy arrays (see module doc)."""
 
@@ -199,6 +235,7 @@ class NumpyNet:
         h = model.cfg.hidden
         self.hidden = h
         self.work = Workspace()
+        self.encodings = Encodings()
         self.dag_in = Dense.of(model.dag_in)
         self.gat1, self.gat2 = Gat.of(model.gat1), Gat.of(model.gat2)
         pool = model.pool
@@ -235,11 +272,12 @@ class NumpyNet:
 
     # -- the DAG encoder ----------------------------------------------------------------------
 
-    def encode_dags(self, dag_x: np.ndarray, graph: Graph, firsts: np.ndarray, this: np.ndarray
-                    ) -> np.ndarray:  # fmt: skip
-        """Per DAG of the batch, the attention-pooled encoding and the placed task's: [B, 2H].
-        `dag_x` raw DAG features [T, F]; `firsts` each DAG's first row; `this` the placed
-        task's row."""
+    def encode_graphs(
+        self, dag_x: np.ndarray, graph: Graph, firsts: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The DAG encoder over D DAGs in one graph: each DAG's attention-pooled encoding
+        [D, H] and every task's embedding [T, H]. `dag_x` raw DAG features [T, F]; `firsts`
+        each DAG's first row. (A decision reads its DAG's pooled row and its task's row.)"""
         x = np.tanh(self.dag_in(self.normalize("dag", dag_x)))
         x = np.tanh(self.gat1(x, graph, self.work)) + x
         x = np.tanh(self.gat2(x, graph, self.work)) + x
@@ -251,7 +289,7 @@ class NumpyNet:
         w = ex / (np.add.reduceat(ex, firsts)[owner] + F32(1e-16))
         rows = np.append(firsts, x.shape[0])
         pooled = csr_matrix((w, np.arange(x.shape[0]), rows), shape=(firsts.size, x.shape[0])) @ x
-        return np.concatenate([pooled, x[this]], axis=1)
+        return pooled, x
 
     # -- the heads, split ---------------------------------------------------------------------
 

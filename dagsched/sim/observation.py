@@ -100,7 +100,6 @@ DAG_FEATURES: tuple[str, ...] = (
     "log_upward_rank_s",
     "done",
     "active",
-    "this_task",
 )
 
 
@@ -173,8 +172,10 @@ def transfer_estimate_s(cluster: ClusterView, task: TaskView) -> np.ndarray:
 def dag_features(task: TaskView, rank: list[float] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The task's workflow as a graph: DAG_FEATURES per task [size, F] and edges [2, E].
 
-    Depends on the task and where its workflow stands, not on the cluster, so the tasks of
-    one batch keep theirs while earlier placements change the cluster. `rank` caches the
+    Depends on where the workflow stands, not on the cluster nor on which of its tasks is
+    placed (the model reads the placed task's row, `Observation.task_idx`): the ready tasks
+    of one workflow share one DAG, so a batch encodes it once however many of its tasks it
+    places (a map stage of 2,000 siblings costs one encoding, not 2,000). `rank` caches the
     DAG's upward ranks."""
     wf = task.workflow
     rank = rank if rank is not None else upward_rank(wf)
@@ -188,7 +189,6 @@ def dag_features(task: TaskView, rank: list[float] | None = None) -> tuple[np.nd
         dag[i, 8] = np.log1p(rank[i])
     dag[:, 9] = task.done
     dag[:, 10] = task.active
-    dag[task.idx, 11] = 1.0
     edges = np.array(wf.edges, dtype=np.int64).T.reshape(2, -1)
     return dag, edges
 

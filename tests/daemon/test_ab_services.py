@@ -80,14 +80,15 @@ async def test_a_a_is_not_promoted_within_its_budget(
     assert reg.alias_version(CHAMPION) == v1 and reg.alias_version(CHALLENGER) is None
 
 
-async def test_trained_challenger_beats_a_random_champion(
+async def test_trained_challenger_beats_a_bad_champion(
     settings: Settings, champion: Registry, start_daemon
 ):
+    # (an untrained network is not reliably bad: its reservations are centred on the
+    # predicted demand, and at the test profile's light load its random nodes cost ~0.1
+    # reward per workflow, which ~60 workflows per arm may not resolve)
     s = _ab_settings(settings)
-    torch.manual_seed(7)
-    random_policy = ActorCritic().eval()
     trained = load_bundle(SHIPPED_CHAMPION, "shipped").model
-    verdicts, reg, _v1, v2, daemon = await _ab(s, random_policy, trained, start_daemon)
+    verdicts, reg, _v1, v2, daemon = await _ab(s, _sabotaged(), trained, start_daemon)
     assert verdicts[0]["action"] == "promote" and verdicts[0]["version"] == v2
     assert reg.alias_version(CHAMPION) == v2
     await daemon.until_serving("champion", f"v{v2}")  # the notice reached the daemon

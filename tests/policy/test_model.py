@@ -84,8 +84,35 @@ def test_observation_shapes() -> None:
     o = observe(cluster_view(sim), task_view(batch[0]))
     assert o.nodes.shape == (8, len(NODE_FEATURES))
     assert o.dag.shape[0] == batch[0].run.wf.size
-    assert o.dag[o.task_idx, -1] == 1.0
     assert o.anchor.shape == (8, 3) and np.all((o.anchor >= 0) & (o.anchor <= 1))
+
+
+def test_siblings_share_their_dag_and_differ_by_their_row(
+    model: ActorCritic, normalizer: FeatureNormalizer
+) -> None:
+    """The DAG features do not say which task is placed (so a batch encodes a workflow once
+    for all its ready tasks); the model tells siblings apart by the placed task's row."""
+    sc = small_scenario(nodes=8, workflows=6)
+    sim = Simulator(sc, generate_workflows(sc, 0), seed=0)
+    policy = make_policy("least_loaded", 0)
+    siblings: list = []
+    while not siblings and (batch := sim.advance()) is not None:
+        by_run: dict[int, list] = {}
+        for t in batch:
+            by_run.setdefault(id(t.run), []).append(t)
+        siblings = next((ts for ts in by_run.values() if len(ts) >= 2), [])
+        if not siblings:
+            sim.apply(policy.decide(sim, batch), batch)
+    a, b = siblings[:2]
+    cv = cluster_view(sim)
+    oa, ob = observe(cv, task_view(a)), observe(cv, task_view(b))
+    assert np.array_equal(oa.dag, ob.dag) and oa.task_idx != ob.task_idx
+    x = collate([normalizer.transform(oa), normalizer.transform(ob)])
+    with torch.no_grad():
+        dag = model.encode_dag(x.dag_x, x.dag_edges, x.dag_batch, x.this_task, 2)
+    h = model.cfg.hidden
+    assert torch.allclose(dag[0, :h], dag[1, :h])  # the pooled workflow: one encoding
+    assert not torch.allclose(dag[0, h:], dag[1, h:])  # the placed task: its own row
 
 
 def test_actor_parameters_are_only_the_heads() -> None:
