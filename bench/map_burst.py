@@ -19,11 +19,8 @@ import json
 import os
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -37,8 +34,7 @@ def burst(width: int, plain_tasks: int) -> dict[str, Any]:
     from dagsched.sim.config import ScenarioConfig
     from dagsched.sim.engine import Simulator
     from dagsched.sim.runner import make_policy, stream_workflows
-    from dagsched.sim.view import TaskView, cluster_view
-    from dagsched.sim.workflow import Workflow
+    from dagsched.sim.view import cluster_view, map_stage
 
     torch.set_num_threads(1)
     threadpool_limits(1, user_api="blas")
@@ -51,16 +47,7 @@ def burst(width: int, plain_tasks: int) -> dict[str, Any]:
         sim.apply(policy.decide(sim, b), b)
     view = cluster_view(sim)
     proto = next(iter(stream_workflows(sc, 1, 1))).tasks[0]  # one of the scenario's tasks
-    tasks = [replace(proto, name=f"t{i}") for i in range(width + 2)]
-    edges = [(0, i) for i in range(1, width + 1)] + [(i, width + 1) for i in range(1, width + 1)]
-    wf = Workflow.build("burst", tasks, edges, arrival_s=view.now)
-    done = np.zeros(width + 2, dtype=bool)
-    done[0] = True
-    active = np.zeros(width + 2, dtype=bool)
-    active[1 : width + 1] = True
-    ready = [
-        TaskView(wf, i, 0, done, active, [0], -1, view.now + 3600.0) for i in range(1, width + 1)
-    ]
+    ready = map_stage(proto, width, view.now)
     sched = load_bundle(REPO / "models" / "champion", "bench", smoke=False)
     sched.place(view, ready[:2])  # warm-up
     net = sched.numpy_net()

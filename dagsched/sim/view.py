@@ -14,7 +14,7 @@ import numpy as np
 
 from dagsched.sim.history import FamilySummary, summarize
 from dagsched.sim.state import TaskRun, TaskState
-from dagsched.sim.workflow import Workflow
+from dagsched.sim.workflow import TaskSpec, Workflow
 
 if TYPE_CHECKING:
     from dagsched.sim.engine import Simulator
@@ -143,3 +143,21 @@ def task_view(t: TaskRun, sim: Simulator | None = None) -> TaskView:
         sub_deadline_s=run.sub_deadline_s(t.idx),
         history=summarize(sim.history.get(t.spec.family)) if sim is not None else None,
     )
+
+
+def map_stage(proto: TaskSpec, width: int, now: float) -> list[TaskView]:
+    """A map stage ready at once: a workflow of a root (done), `width` copies of `proto`
+    (ready, deadline in an hour) and a reduce, arrived at `now`; its `width` ready tasks.
+    The burst a busy job queue hands a scheduler (bench/map_burst.py, the fast path's
+    exactness test)."""
+    tasks = [replace(proto, name=f"t{i}") for i in range(width + 2)]
+    edges = [(0, i) for i in range(1, width + 1)] + [(i, width + 1) for i in range(1, width + 1)]
+    wf = Workflow.build(f"map-{width}", tasks, edges, arrival_s=now)
+    done = np.zeros(width + 2, dtype=bool)
+    done[0] = True
+    active = np.zeros(width + 2, dtype=bool)
+    active[1 : width + 1] = True
+    return [
+        TaskView(wf, i, 0, done.copy(), active.copy(), [0], -1, now + 3600.0)
+        for i in range(1, width + 1)
+    ]

@@ -32,8 +32,7 @@ from dagsched.sim.config import FaultConfig, ScenarioConfig
 from dagsched.sim.engine import Simulator
 from dagsched.sim.observation import Observation, observe
 from dagsched.sim.runner import make_policy, stream_workflows
-from dagsched.sim.view import ClusterView, TaskView, cluster_view, task_view
-from dagsched.sim.workflow import Workflow
+from dagsched.sim.view import ClusterView, TaskView, cluster_view, map_stage, task_view
 
 CHAMPION = Path(__file__).resolve().parents[2] / "models" / "champion"
 TOL = 1e-5
@@ -226,19 +225,9 @@ def test_a_map_stages_siblings_share_one_encoding_and_decide_as_their_own_passes
     champion: GNNScheduler, batches: dict[str, tuple[ClusterView, list[TaskView]]]
 ) -> None:
     view, recorded = batches["32 nodes, busy"]
-    proto = recorded[0].workflow.tasks[recorded[0].idx]
     width = 40  # a root, 40 map tasks, a reduce; the map tasks ready at once
-    tasks = [replace(proto, name=f"t{i}") for i in range(width + 2)]
-    edges = [(0, i) for i in range(1, width + 1)] + [(i, width + 1) for i in range(1, width + 1)]
-    wf = Workflow.build("burst", tasks, edges, arrival_s=view.now)
-    done = np.zeros(width + 2, dtype=bool)
-    done[0] = True
-    active = np.zeros(width + 2, dtype=bool)
-    active[1 : width + 1] = True
-    ready = [
-        TaskView(wf, i, 0, done.copy(), active.copy(), [0], -1, view.now + 3600.0)
-        for i in range(1, width + 1)
-    ]
+    ready = map_stage(recorded[0].workflow.tasks[recorded[0].idx], width, view.now)
+    wf = ready[0].workflow
     # with tasks of other workflows around them, in the same batch
     batch = recorded[:4] + ready + recorded[4:8]
     net = champion.numpy_net()
