@@ -45,6 +45,7 @@ from dagsched.daemon.redis_scripts import (
     MAX_CLOCK_LUA,
     PROGRESS_LUA,
     RESET_NODE_LUA,
+    STORED_LUA,
     VIEW_FIELDS,
     VIEW_LUA,
 )
@@ -105,6 +106,7 @@ class RedisState:
         self._log = redis.register_script(LOG_LUA)
         self._view = redis.register_script(VIEW_LUA)
         self._progress = redis.register_script(PROGRESS_LUA)
+        self._stored = redis.register_script(STORED_LUA)
         self._log_entry_bytes = 0.0  # what one decision-log entry costs in Redis, both streams
         self._log_writes = 0
         self.history = RedisHistory(redis, self.key, settings.sim.cluster.speed)
@@ -148,10 +150,15 @@ class RedisState:
     # -- decisions ----------------------------------------------------------------------------
 
     async def stored_decisions(self, keys: Sequence[tuple[str, int]]) -> list[bytes | None]:
-        """The stored decision for each (task key, attempt), or None."""
+        """The stored decision for each (task key, attempt), or None (one script call with one
+        argument and a compact reply: an MGET's reply is a bulk string or nil per key)."""
         if not keys:
             return []
-        return _bytes_list(await self.redis.mget([self.key("dec", f"{k}:{a}") for k, a in keys]))
+        found, *values = await self._stored(
+            args=[self.prefix, "\n".join(f"{k}:{a}" for k, a in keys)]
+        )
+        it = iter(values)
+        return [_bytes(next(it)) if f == 49 else None for f in _bytes(found)]  # 49: b"1"
 
     async def decide(
         self, r: Reservation, queue_if_full: bool, force: bool = False
@@ -173,26 +180,18 @@ class RedisState:
         "fit" (re-plan when it does not fit), "queue" (queue it then) or "force"."""
         if not items:
             return []
-        keys: list[str] = []
-        args: list[Any] = [self.settings.daemon.decision_ttl_s]
+        lines = []
         for r, mode in items:
-            wf_id, idx = r.task_key.rsplit("/", 1)
-            attempt_key = f"{r.task_key}:{r.attempt}"
-            keys += [
-                self.key("dec", attempt_key),
-                self.key("node", r.node),
-                self.key("led", attempt_key),
-                self.key("nodeled", r.node),
-                self.key("wfactive", wf_id),
-            ]
-            args += [r.decision, r.node, repr(r.cores), repr(r.mem), repr(r.core_s), idx, mode]
-        res = await self._decide(keys=keys, args=args)
-        out: list[tuple[str, bytes | None]] = []
-        for i in range(0, len(res), 2):
-            status = _str(res[i])
-            winner = res[i + 1]
-            out.append((status, _bytes(winner) if status == "dup" else None))
-        return out
+            if b"\n" in r.decision:  # JSON has none; the script splits entries on it
+                raise ValueError("a decision with a raw newline")
+            head = f"{r.task_key}\t{r.attempt}\t{r.node}\t{r.cores!r}\t{r.mem!r}\t{r.core_s!r}"
+            lines.append(f"{head}\t{mode}\t".encode() + r.decision)
+        ttl = self.settings.daemon.decision_ttl_s
+        statuses, *winners = await self._decide(args=[ttl, self.prefix, b"\n".join(lines)])
+        it = iter(winners)
+        return [
+            ("dup", _bytes(next(it))) if c == "d" else (_STATUS[c], None) for c in _str(statuses)
+        ]
 
     # -- workflows ----------------------------------------------------------------------------
 
@@ -328,6 +327,9 @@ class RedisState:
         for k in keys:
             pipe.hgetall(k)
         return [{a.decode(): b.decode() for a, b in h.items()} for h in await pipe.execute()]
+
+
+_STATUS = {"r": "r", "q": "q", "x": "dead", "n": "nofit"}  # the decide script's letters
 
 
 def _str(x: bytes | str) -> str:
