@@ -89,8 +89,11 @@ class Placer:
             else:
                 pending[key] = (m, wf)
         at = max((m.at for m, _ in pending.values() if m.at is not None), default=None)
+        # family history feeds the models' task views; the heuristic reads none
         self._history = await self.store.history(
-            sorted({wf.tasks[m.task].family for m, wf in pending.values()})
+            sorted(
+                {wf.tasks[m.task].family for k, (m, wf) in pending.items() if self._model_arm(k)}
+            )
         )
         for round_ in range(PLACE_ROUNDS):
             if not pending:
@@ -178,17 +181,21 @@ class Placer:
                 mem = min(max(float(p.mem), MEM_BOUNDS[0]), MEM_BOUNDS[1])
                 cores, mem_gb = cpu * view.cores[node], mem * view.mem_gb[node]
                 fits = view.take(tv, node, cpu, mem)
-                decision = DecisionMsg(
+                # every field is bounded above (or comes from a validated message): built
+                # without validating again, serialised the same
+                decision = DecisionMsg.model_construct(
                     workflow_id=m.workflow_id,
                     task=m.task,
                     attempt=m.attempt,
                     node=view.node_ids[node],
                     cpu=cpu,
                     mem=mem,
-                    max_retries=min(max(round(p.max_retries), RETRY_BOUNDS[0]), RETRY_BOUNDS[1]),
+                    max_retries=int(
+                        min(max(round(p.max_retries), RETRY_BOUNDS[0]), RETRY_BOUNDS[1])
+                    ),
                     model_version=version,
-                    arm=arm,  # type: ignore[arg-type]
-                    log_prob=min(0.0, p.log_prob) if math.isfinite(p.log_prob) else 0.0,
+                    arm=arm,
+                    log_prob=min(0.0, float(p.log_prob)) if math.isfinite(p.log_prob) else 0.0,
                     decided_at=now,
                     latency_ms=max(0.0, (time.monotonic() - fetched) * 1000),
                 ).encode()
@@ -207,6 +214,7 @@ class Placer:
                 reservations.append((res, queue_all or not fits))
         # the whole round's reservations in one atomic step, in the order they were planned
         results = await self.store.decide_many(reservations)
+        by_arm_new: dict[str, int] = defaultdict(int)
         for (key, arm, call, pos), (res, _), (status, winner) in zip(
             planned, reservations, results, strict=True
         ):
@@ -214,12 +222,14 @@ class Placer:
                 placed[key] = res.decision
                 new.add(key)
                 call.new[pos] = True
-                self.metrics.decisions.labels(arm=arm).inc()
-                self.stats["decisions"] += 1
-                if arm == "fallback":
-                    self.metrics.fallback.labels(why="no_model").inc()
+                by_arm_new[arm] += 1
             elif status == "dup" and winner is not None:
                 placed[key] = winner  # another replica answered first: same decision
+        for arm, n in by_arm_new.items():  # counted per round, not per decision
+            self.metrics.decisions.labels(arm=arm).inc(n)
+            self.stats["decisions"] += n
+            if arm == "fallback":
+                self.metrics.fallback.labels(why="no_model").inc(n)
         self._logs += [r for c in calls if (r := c.record()) is not None]
         return placed
 
