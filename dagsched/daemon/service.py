@@ -53,11 +53,11 @@ class _Listener(ConsumerRebalanceListener):
         self.daemon = daemon
 
     async def on_partitions_revoked(self, revoked: Any) -> None:
-        """Wait (up to the grace period) for the batch in flight to commit."""
+        """Wait (up to the grace period) for the batches in flight to commit."""
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.daemon.settings.daemon.grace_s):
                 async with self.daemon.batches.batch_lock:
-                    pass
+                    await self.daemon.batches.drain()
         log.info("partitions.revoked", partitions=sorted(str(tp) for tp in revoked))
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
