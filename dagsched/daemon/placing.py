@@ -181,9 +181,7 @@ class Placer:
                 mem = min(max(float(p.mem), MEM_BOUNDS[0]), MEM_BOUNDS[1])
                 cores, mem_gb = cpu * view.cores[node], mem * view.mem_gb[node]
                 fits = view.take(tv, node, cpu, mem)
-                # every field is bounded above (or comes from a validated message): built
-                # without validating again, serialised the same
-                decision = DecisionMsg.model_construct(
+                decision = DecisionMsg(
                     workflow_id=m.workflow_id,
                     task=m.task,
                     attempt=m.attempt,
@@ -194,7 +192,7 @@ class Placer:
                         min(max(round(p.max_retries), RETRY_BOUNDS[0]), RETRY_BOUNDS[1])
                     ),
                     model_version=version,
-                    arm=arm,
+                    arm=arm,  # type: ignore[arg-type]
                     log_prob=min(0.0, float(p.log_prob)) if math.isfinite(p.log_prob) else 0.0,
                     decided_at=now,
                     latency_ms=max(0.0, (time.monotonic() - fetched) * 1000),
