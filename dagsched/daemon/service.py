@@ -38,12 +38,19 @@ log = structlog.get_logger(__name__)
 
 
 def set_torch_threads(settings: Settings) -> None:
-    """Give this process `daemon.torch_threads` torch intra-op threads (0: leave torch's)."""
+    """Give this process `daemon.torch_threads` compute threads (0: leave the libraries'
+    defaults): torch's intra-op pool, and numpy's BLAS and OpenMP pools for the whole process.
+    Replicas share the host's cores and scale by processes; a BLAS pool of a thread per core,
+    its threads spinning after each product, made two replicas on 2 cores slower than one."""
     n = settings.daemon.torch_threads
     if n:
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(limits=n)  # every BLAS and OpenMP library loaded so far
         import torch
 
         torch.set_num_threads(n)
+        threadpool_limits(limits=n)  # and those torch brought
 
 
 class _Listener(ConsumerRebalanceListener):
