@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import time
 from collections import defaultdict
 from typing import Any
@@ -74,7 +75,10 @@ class _Listener(ConsumerRebalanceListener):
 
 
 class Daemon:
-    """One replica. Several in one consumer group share the partitions of `dagsched.tasks`."""
+    """One replica. Several in one consumer group share the partitions of `dagsched.tasks`.
+
+    `freeze_gc` (the `dagsched daemon` process sets it): after start-up and after each model
+    swap, what is alive is moved out of the garbage collector's sight (`gc.freeze`)."""
 
     def __init__(
         self,
@@ -87,6 +91,7 @@ class Daemon:
         registry: bool = True,
         loader: Loader | None = None,
         version_of: VersionOf | None = None,
+        freeze_gc: bool = False,
     ) -> None:
         self.settings = settings
         self.cfg = settings.daemon
@@ -114,6 +119,7 @@ class Daemon:
         self.batches = BatchLoop(
             settings, self.rs, self.store, self.models, self.metrics, self.stats, self.stop_event
         )
+        self.batches.freeze_gc = freeze_gc
         self.metrics.refresh = self.batches.gauges
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -150,6 +156,9 @@ class Daemon:
                     s, self.rs, producer, self.metrics, consumer_options=self.consumer_options
                 )
                 tasks.append(asyncio.create_task(self.updater.run(self.stop_event)))
+            if self.batches.freeze_gc:
+                gc.collect()
+                gc.freeze()  # see BatchLoop.freeze_gc
             log.info("daemon.started", group=s.topic_prefix + self.cfg.group_id)
             await self.batches.run(consumer, producer)
         finally:
