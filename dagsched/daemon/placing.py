@@ -38,6 +38,7 @@ PLACE_ROUNDS = 3
 VIEW_POLL_S = 0.002  # how often a batch re-reads the clock while it waits for the updater
 
 Key = tuple[str, int]  # (workflow_id/task, attempt)
+FINISH_CACHE = 10_000  # workflows whose downward finish times are kept (as the store's cache)
 
 
 class Hold(Exception):
@@ -65,6 +66,9 @@ class Placer:
         self._last_trace: list[Trace] = []
         self._history: dict[str, FamilySummary] = {}
         self._last_view: str | None = None
+        # per workflow id: (the Workflow, its downward finish times, their max), across
+        # batches while the store keeps that Workflow object
+        self._finish: dict[str, tuple[Workflow, list[float], float]] = {}
 
     async def decide(
         self, todo: dict[tuple[str, int], TaskReadyMsg], fetched: float
@@ -162,13 +166,9 @@ class Placer:
         planned: list[tuple[tuple[str, int], str, PolicyCall, int]] = []
         reservations: list[tuple[Reservation, bool]] = []
         calls: list[PolicyCall] = []
-        finish: dict[str, tuple[list[float], float]] = {}  # per workflow, once per round
         for arm, keys in sorted(by_arm.items()):
             model = arm != "fallback"  # the heuristic reads no sub-deadline: not computed
-            tvs = [
-                self._task_view(index, *pending[k], progress, ready, finish if model else None)
-                for k in keys
-            ]
+            tvs = [self._task_view(index, *pending[k], progress, ready, model) for k in keys]
             placements, arm, version = self._run_policy(arm, view, tvs)
             now = time.time()
             call = PolicyCall(arm, version, now, self._last_view)
@@ -260,22 +260,19 @@ class Placer:
         wf: Workflow,
         progress: dict[str, Progress],
         ready: dict[str, set[int]],
-        finish: dict[str, tuple[list[float], float]] | None,
+        model: bool,
     ) -> TaskView:
         """The task as the model was trained to see it: active = decided and not done, or
-        ready in this batch. `finish` caches each workflow's downward finish times (None: for
-        the heuristic, which reads no sub-deadline; it is then 0)."""
+        ready in this batch. The sub-deadline is 0 for the heuristic (not `model`), which
+        reads none."""
         done_set, active_set, nodes = progress.get(m.workflow_id, (set(), set(), {}))
         done = np.zeros(wf.size, dtype=bool)
         done[[i for i in done_set if i < wf.size]] = True
         active = np.zeros(wf.size, dtype=bool)
         active[[i for i in active_set | ready[m.workflow_id] if i < wf.size]] = True
         sub_deadline_s = 0.0
-        if finish is not None:
-            if m.workflow_id not in finish:
-                f = downward_finish_s(wf)
-                finish[m.workflow_id] = (f, max(f) or 1.0)
-            down, cp = finish[m.workflow_id]
+        if model:
+            down, cp = self._downward_finish(wf)
             sub_deadline_s = wf.arrival_s + wf.deadline_s * down[m.task] / cp
         return TaskView(
             workflow=wf,
@@ -288,6 +285,16 @@ class Placer:
             sub_deadline_s=sub_deadline_s,
             history=self._history.get(wf.tasks[m.task].family),
         )
+
+    def _downward_finish(self, wf: Workflow) -> tuple[list[float], float]:
+        """`downward_finish_s(wf)` and its max (1 if 0), kept while `wf` is the same object."""
+        hit = self._finish.get(wf.id)
+        if hit is None or hit[0] is not wf:
+            f = downward_finish_s(wf)
+            if len(self._finish) >= FINISH_CACHE:
+                self._finish.clear()
+            hit = self._finish[wf.id] = (wf, f, max(f) or 1.0)
+        return hit[1], hit[2]
 
 
 def _trace(sched: Scheduler, n: int) -> list[Trace]:

@@ -173,18 +173,19 @@ VIEW_FIELDS = (
     "free_mem", "queue_len", "queued_core_s", "net_in_bytes", "failure_rate", "slowdown",
 )  # fmt: skip
 
-# Where workflows stand, in one round trip. ARGV: key prefix, then workflow ids. Returns per
-# workflow three strings: done indices "1,2", active ones, and task nodes "0=n1,3=n2".
-PROGRESS_LUA = """
+# Where workflows stand, in one round trip and one reply string. ARGV: key prefix, then
+# workflow ids. Returns a line per workflow: done indices "1,2", a tab, active ones, a tab, and
+# task nodes "0=n1,3=n2" (node ids have no tab, comma, equals sign or newline).
+PROGRESS_LUA = r"""
 local out = {}
 for i = 2, #ARGV do
   local id = ARGV[i]
-  out[#out + 1] = table.concat(redis.call('SMEMBERS', ARGV[1] .. 'wfdone:' .. id), ',')
-  out[#out + 1] = table.concat(redis.call('SMEMBERS', ARGV[1] .. 'wfactive:' .. id), ',')
   local h = redis.call('HGETALL', ARGV[1] .. 'wfnode:' .. id)
   local pairs_ = {}
   for j = 1, #h, 2 do pairs_[#pairs_ + 1] = h[j] .. '=' .. h[j + 1] end
-  out[#out + 1] = table.concat(pairs_, ',')
+  out[#out + 1] = table.concat(redis.call('SMEMBERS', ARGV[1] .. 'wfdone:' .. id), ',') ..
+    '\t' .. table.concat(redis.call('SMEMBERS', ARGV[1] .. 'wfactive:' .. id), ',') ..
+    '\t' .. table.concat(pairs_, ',')
 end
-return out
+return table.concat(out, '\n')
 """

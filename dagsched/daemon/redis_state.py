@@ -215,10 +215,10 @@ class RedisState:
         """Per workflow: done task indices, active ones, and the node each task last ran on."""
         if not ids:
             return {}
-        res = await self._progress(args=[self.prefix, *ids])
+        lines = _str(await self._progress(args=[self.prefix, *ids])).split("\n")
         out = {}
-        for i, wf_id in enumerate(ids):
-            done, active, nodes = (_str(x) for x in res[3 * i : 3 * i + 3])
+        for wf_id, line in zip(ids, lines, strict=True):
+            done, active, nodes = line.split("\t")
             out[wf_id] = (
                 {int(x) for x in done.split(",") if x},
                 {int(x) for x in active.split(",") if x},
