@@ -20,6 +20,7 @@ hashes back into `FamilyStats`, so a policy reads the same numbers as in the sim
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import redis.asyncio as aioredis
@@ -135,19 +136,26 @@ class RedisHistory:
         args += [SEEN_TTL_S, repr(HALF_LIFE_S), repr(RESCALE_AT)]
         return bool(await self._record(keys=[self.key("hist", family), seen], args=args))
 
-    async def stats(self, families: Sequence[str]) -> dict[str, FamilyStats]:
+    async def stats(self, families: Sequence[str], client: Any = None) -> dict[str, FamilyStats]:
         """What history knows of each of `families` (absent: never observed), in one script
-        call and one reply string (a pipeline of HGETALLs was a reply per field to parse)."""
+        call and one reply string (a pipeline of HGETALLs was a reply per field to parse).
+        With a pipeline as `client` the call is only queued: parse its reply with
+        `parse_stats`."""
         if not families:
             return {}
-        text = await self._stats(args=[self.key("hist", ""), *families])
-        lines = (text.decode() if isinstance(text, bytes) else text).split("\n")
-        out = {}
-        for f, line in zip(families, lines, strict=True):
-            if line:
-                parts = line.split("\t")
-                out[f] = _family_stats(dict(zip(parts[::2], parts[1::2], strict=True)))
-        return out
+        text = await self._stats(args=[self.key("hist", ""), *families], client=client)
+        return {} if client is not None else parse_stats(families, text)
+
+
+def parse_stats(families: Sequence[str], text: bytes | str) -> dict[str, FamilyStats]:
+    """The stats script's reply, by family."""
+    lines = (text.decode() if isinstance(text, bytes) else text).split("\n")
+    out = {}
+    for f, line in zip(families, lines, strict=True):
+        if line:
+            parts = line.split("\t")
+            out[f] = _family_stats(dict(zip(parts[::2], parts[1::2], strict=True)))
+    return out
 
 
 def _family_stats(h: dict[str, str]) -> FamilyStats:

@@ -93,22 +93,22 @@ class Placer:
             else:
                 pending[key] = (m, wf)
         at = max((m.at for m, _ in pending.values() if m.at is not None), default=None)
-        # family history feeds the models' task views; the heuristic reads none
-        self._history = await self.store.history(
-            sorted(
-                {wf.tasks[m.task].family for k, (m, wf) in pending.items() if self._model_arm(k)}
-            )
+        # family history and where workflows stand feed the models' task views; the heuristic
+        # reads neither. The first round reads them with the view, in one round trip.
+        modelled = [(m, wf) for k, (m, wf) in pending.items() if self._model_arm(k)]
+        view, progress, self._history = await self.store.round_inputs(
+            sorted({m.workflow_id for m, _ in modelled}),
+            sorted({wf.tasks[m.task].family for m, wf in modelled}),
         )
         for round_ in range(PLACE_ROUNDS):
             if not pending:
                 break
-            view = await self._fresh_view(at, wait=round_ == 0)
+            ids = sorted({m.workflow_id for k, (m, _) in pending.items() if self._model_arm(k)})
+            view, again = await self._fresh_view(at, round_ == 0, view if round_ == 0 else None)
             if view is None or view.n == 0 or not view.alive.any():
                 raise Hold("no alive node known")
-            # where workflows stand feeds the models' task views; the heuristic needs none
-            progress = await self.store.progress(
-                sorted({m.workflow_id for k, (m, _) in pending.items() if self._model_arm(k)})
-            )
+            if round_ > 0 or again:  # the view was read again: where workflows stand, too
+                progress = await self.store.progress(ids)
             last = round_ == PLACE_ROUNDS - 1
             placed = await self._place_round(
                 view, pending, progress, fetched, queue_all=last, new=new
@@ -120,14 +120,19 @@ class Placer:
             raise Hold(f"{len(pending)} task(s) could not be placed")
         return out, new, self._logs
 
-    async def _fresh_view(self, at: float | None, wait: bool) -> ClusterView | None:
+    async def _fresh_view(
+        self, at: float | None, wait: bool, view: ClusterView | None = None
+    ) -> tuple[ClusterView | None, bool]:
         """The cluster view once it has caught up with job-queue time `at` (the newest request
         of the batch): the updater applies events concurrently, and a task's parent finishing
         and the task becoming ready happen at the same instant. After `daemon.view_wait_ms`
-        (or at once when not `wait`) the batch is decided on what is known, clock at `at`."""
-        view = await self.store.view()
+        (or at once when not `wait`) the batch is decided on what is known, clock at `at`.
+        `view`: one just read (else it is read here). Also says whether it was read again."""
+        if view is None:
+            view = await self.store.view()
+        again = False
         if at is None or view is None:
-            return view
+            return view, again
         if view.now + 1e-6 < at and wait:
             # poll the clock alone (one GET), then read the whole view once it has caught up
             deadline = time.monotonic() + self.cfg.view_wait_ms / 1000
@@ -136,14 +141,14 @@ class Placer:
                 await asyncio.sleep(VIEW_POLL_S)  # the updater runs meanwhile
                 clock = await self.store.clock()
             if clock is not None and clock > view.now:
-                view = await self.store.view()
+                view, again = await self.store.view(), True
                 if view is None:
-                    return None
+                    return None, again
         if view.now + 1e-6 < at:
             if wait:
                 self.metrics.stale_views.inc()
             view.now = at
-        return view
+        return view, again
 
     async def _place_round(
         self,

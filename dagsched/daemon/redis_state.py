@@ -37,7 +37,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from dagsched.daemon.history_store import RedisHistory
+from dagsched.daemon.history_store import RedisHistory, parse_stats
 from dagsched.daemon.redis_scripts import (
     DECIDE_LUA,
     LEDGER_LUA,
@@ -60,6 +60,7 @@ from dagsched.schemas.messages import (
 )
 from dagsched.settings import Settings
 from dagsched.sim.config import NODE_KINDS
+from dagsched.sim.history import FamilyStats
 from dagsched.sim.view import ClusterView
 from dagsched.sim.workflow import TASK_TYPE_NAMES
 
@@ -209,22 +210,11 @@ class RedisState:
             return []
         return _bytes_list(await self.redis.mget([self.key("wf", i) for i in ids]))
 
-    async def workflow_progress(
-        self, ids: Sequence[str]
-    ) -> dict[str, tuple[set[int], set[int], dict[int, str]]]:
+    async def workflow_progress(self, ids: Sequence[str]) -> dict[str, Progress]:
         """Per workflow: done task indices, active ones, and the node each task last ran on."""
         if not ids:
             return {}
-        lines = _str(await self._progress(args=[self.prefix, *ids])).split("\n")
-        out = {}
-        for wf_id, line in zip(ids, lines, strict=True):
-            done, active, nodes = line.split("\t")
-            out[wf_id] = (
-                {int(x) for x in done.split(",") if x},
-                {int(x) for x in active.split(",") if x},
-                {int(k): v for k, _, v in (kv.partition("=") for kv in nodes.split(",") if kv)},
-            )
-        return out
+        return _progress_from(ids, await self._progress(args=[self.prefix, *ids]))
 
     # -- nodes --------------------------------------------------------------------------------
 
@@ -234,6 +224,9 @@ class RedisState:
             keys=[self.key("nodes"), self.key("clock")],
             args=[self.key("node", ""), *VIEW_FIELDS],
         )
+        return self._view_from(text, clock)
+
+    def _view_from(self, text: bytes | str, clock: bytes | str | None) -> ClusterView:
         ids: list[str] = []
         rows: list[dict[str, str]] = []
         for line in _str(text).split("\n") if text else []:
@@ -241,6 +234,27 @@ class RedisState:
             ids.append(node)
             rows.append({k: v for k, v in zip(VIEW_FIELDS, values, strict=True) if v})
         return build_view(ids, rows, float(clock or 0.0), self.settings.sim.cluster.speed)
+
+    async def round_inputs(
+        self, ids: Sequence[str], families: Sequence[str]
+    ) -> tuple[ClusterView, dict[str, Progress], dict[str, FamilyStats]]:
+        """`cluster_view`, `workflow_progress(ids)` and `history.stats(families)` in one round
+        trip (a pipeline of the three scripts): what a batch's first round reads."""
+        pipe = self.redis.pipeline(transaction=False)
+        await self._view(
+            keys=[self.key("nodes"), self.key("clock")],
+            args=[self.key("node", ""), *VIEW_FIELDS],
+            client=pipe,
+        )
+        if ids:
+            await self._progress(args=[self.prefix, *ids], client=pipe)
+        if families:
+            await self.history.stats(families, client=pipe)
+        res = await pipe.execute()
+        view = self._view_from(*res[0])
+        progress = _progress_from(ids, res[1]) if ids else {}
+        stats = parse_stats(families, res[-1]) if families else {}
+        return view, progress, stats
 
     async def clock(self) -> float:
         """The job-queue clock: the latest event time applied (0 before any)."""
@@ -330,6 +344,20 @@ class RedisState:
 
 
 _STATUS = {"r": "r", "q": "q", "x": "dead", "n": "nofit"}  # the decide script's letters
+Progress = tuple[set[int], set[int], dict[int, str]]  # done, active, task index -> node
+
+
+def _progress_from(ids: Sequence[str], text: bytes | str) -> dict[str, Progress]:
+    """The progress script's reply, by workflow."""
+    out = {}
+    for wf_id, line in zip(ids, _str(text).split("\n"), strict=True):
+        done, active, nodes = line.split("\t")
+        out[wf_id] = (
+            {int(x) for x in done.split(",") if x},
+            {int(x) for x in active.split(",") if x},
+            {int(k): v for k, _, v in (kv.partition("=") for kv in nodes.split(",") if kv)},
+        )
+    return out
 
 
 def _str(x: bytes | str) -> str:
