@@ -148,9 +148,8 @@ def summary(doc: dict[str, Any]) -> dict[str, Any]:
 def fmt_rate(sat: dict[str, Any]) -> str:
     if "per_s" not in sat:
         return f"{sat['decided']} decided"
-    cpu = (
-        f", replica CPU {sat['replica_cpu_us']:,.0f} us/decision" if "replica_cpu_us" in sat else ""
-    )
+    us = sat.get("replica_cpu_us")
+    cpu = "" if us is None else f", replica CPU {us:,.0f} us/decision"
     return (
         f"{sat['per_s']:,.0f}/s ({sat['per_s_all']:,.0f}/s all-in, {sat['decided']:,} decided{cpu})"
     )
