@@ -9,7 +9,7 @@ Workload: the default scenario's workflows (8-40 tasks), every task of each publ
 
 Configurations, each on a fresh topic and key prefix (its own consumer group, decision store
 and ledger), as separate processes like deployed replicas (code defaults + configs/default.yaml:
-`batch_max` 64, `batch_wait_ms` 0, acks=all, commit after the acks):
+`batch_max` 64, `batch_wait_ms` 5, acks=all, commit after the acks):
 - passthrough: `bench/harness/passthrough.py`, the daemon's consumer, producer, batching,
   acks and commits, one output per record; no policy, no Redis;
 - heuristic: `dagsched daemon --no-registry` (the least-loaded fallback);
