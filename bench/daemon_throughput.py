@@ -19,6 +19,8 @@ Per configuration:
 - saturation: a backlog (`--backlog` tasks, >= 500 workflows) is published before the
   replicas start; decisions/s = decisions between the 10th and 90th percentile of their
   arrival times / the time between those (startup and the tail left out; all-in also given);
+  and the replicas' CPU time (user + system, start-up included) per decision, the steadier
+  figure on a machine shared with other jobs;
 - latency (single-replica configurations): a paced producer offers 200, 1,000 and 5,000
   tasks/s for `--pace-s` seconds each (workflows published first); latency = arrival of the
   decision at this process's reader - the moment the task was handed to the producer;
@@ -28,8 +30,10 @@ Served path alone: `GNNScheduler.place` on batches of 64 tasks (the daemon's `ba
 with real decision points of the default scenario scaled to 32, 256 and 2,048 nodes (played
 by least-loaded), in this process, no broker.
 
-Prints tables (stderr with `--json`), writes `bench/results/daemon_throughput.json`
-(`--quick`: `daemon_throughput_quick.json`); `--json` prints one JSON object on stdout.
+The workload and the Kafka traffic are `harness/kafka_io.py`, the measures and tables
+`harness/throughput_report.py`. Prints tables (stderr with `--json`), writes
+`bench/results/daemon_throughput.json` (`--quick`: `daemon_throughput_quick.json`); `--json`
+prints one JSON object on stdout.
 
     PYTHONPATH=. .venv/bin/python bench/daemon_throughput.py [--quick] [--json]
         [--configs passthrough,heuristic,gnn,gnn2] [--backlog 20000] [--pace-s 8]
@@ -43,188 +47,34 @@ import contextlib
 import json
 import os
 import platform
-import random
 import sys
-import threading
 import time
-from collections import defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from harness.kafka_io import Key, Reader, heartbeats, pace, producer, publish, workload
 from harness.replicas import Replica, start_replica, stop_replica, wait_until
 from harness.stack import REPO, git_state, local_stack
+from harness.throughput_report import (
+    RATES,
+    cpu_per_decision,
+    cpu_seconds,
+    fmt_rate,
+    redis_bytes,
+    saturation,
+    show,
+    stopped_stats,
+    summary,
+)
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from dagsched.settings import Settings
 
 CONFIGS = ("passthrough", "heuristic", "gnn", "gnn2")
-RATES = (200, 1000, 5000)
 SERVED_NODES = (32, 256, 2048)
-TARGETS = {
-    "gnn_per_s": 5000.0,
-    "gnn_vs_passthrough": 0.5,
-    "p99_ms_at_1000": 30.0,
-    "p99_ms_at_5000": 100.0,
-    "served_per_s_32_nodes": 10_000.0,
-    "served_per_s_2048_nodes": 1000.0,
-}
-Key = tuple[str, int, int]
-
-
-# -- workload ---------------------------------------------------------------------------------
-
-
-def workload(tasks: int, tag: str, seed: int) -> tuple[list[tuple[str, bytes]], list[Any]]:
-    """Workflow messages (id, bytes) and their `task_ready` messages (key, id, bytes), at least
-    `tasks` of them, every task of every workflow, shuffled across workflows."""
-    from dagsched.schemas.messages import TaskReadyMsg
-    from dagsched.sim.config import ScenarioConfig
-    from dagsched.sim.runner import stream_workflows
-    from dagsched.sim.wire import to_message
-
-    wfs: list[tuple[str, bytes]] = []
-    ready: list[tuple[Key, str, bytes]] = []
-    for wf in stream_workflows(ScenarioConfig(), seed, 1_000_000):
-        wf_id = f"{tag}-{wf.id}"
-        wfs.append((wf_id, to_message(wf).model_copy(update={"workflow_id": wf_id}).encode()))
-        for i in range(wf.size):
-            msg = TaskReadyMsg(workflow_id=wf_id, task=i, attempt=0).encode()
-            ready.append(((wf_id, i, 0), wf_id, msg))
-        if len(ready) >= tasks:
-            break
-    random.Random(seed).shuffle(ready)
-    return wfs, ready
-
-
-def heartbeats() -> list[Any]:
-    """The default cluster's nodes as heartbeats at t=0."""
-    from dagsched.schemas.messages import NodeHeartbeatMsg
-    from dagsched.sim.config import ScenarioConfig
-
-    c = ScenarioConfig().cluster
-    out = []
-    for g in c.groups:
-        for _ in range(g.count):
-            i = len(out)
-            out.append(
-                NodeHeartbeatMsg(
-                    node=f"node-{i:04d}", at=0.0, kind=g.kind, zone=i % c.zones,  # type: ignore[arg-type]
-                    cores=g.cores, mem_gb=g.mem_gb, gpu_mem_gb=g.gpu_mem_gb, net_gbps=g.net_gbps,
-                )
-            )  # fmt: skip
-    return out
-
-
-# -- Kafka from this process (confluent-kafka: C threads, so it takes little of the GIL) ------
-
-
-def producer(s: Settings) -> Any:
-    from confluent_kafka import Producer
-
-    return Producer(
-        {
-            "bootstrap.servers": s.kafka_bootstrap,
-            "acks": "all",
-            "enable.idempotence": False,
-            "linger.ms": 5,  # librdkafka's default; 1 ms sent 5x more requests for Tansu to serve
-            "partitioner": "murmur2_random",  # what aiokafka and Java clients use
-            "queue.buffering.max.messages": 1_000_000,
-        }
-    )
-
-
-def produce(p: Any, topic: str, key: str, value: bytes, backoff_s: float = 0.01) -> None:
-    """Hand one record to a confluent-kafka producer, waiting while its queue is full."""
-    while True:
-        try:
-            p.produce(topic, value, key.encode())
-            break
-        except BufferError:
-            p.poll(backoff_s)
-    p.poll(0)
-
-
-def publish(p: Any, topic: str, items: list[tuple[str, bytes]]) -> None:
-    """Produce (key, value) pairs as fast as they go, then wait for every ack."""
-    for key, value in items:
-        produce(p, topic, key, value)
-    p.flush(60)
-
-
-class Reader:
-    """Reads `dagsched.decisions` from the beginning in a thread: first arrival per task."""
-
-    def __init__(self, s: Settings) -> None:
-        from confluent_kafka import Consumer, TopicPartition
-
-        self.c = Consumer(
-            {
-                "bootstrap.servers": s.kafka_bootstrap,
-                "group.id": f"{s.topic_prefix}bench-reader",
-                "enable.auto.commit": False,
-                "fetch.wait.max.ms": 5,
-                "fetch.min.bytes": 1,
-            }
-        )
-        topic = s.topic("decisions")
-        self.c.assign([TopicPartition(topic, p, -2) for p in range(s.topics.partitions)])
-        self.arrived: dict[Key, tuple[float, str]] = {}
-        self.raw: dict[Key, bytes] = {}
-        self.acks = 0
-        self.records = 0
-        self.conflicts = 0  # a task answered twice with different bytes
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            # block until one record is there (arrival = when it came), then take what else is
-            # already queued without waiting: consume(n, t) alone would wait for n or t
-            first = self.c.poll(0.05)
-            if first is None:
-                continue
-            now = time.time()
-            msgs = [first, *self.c.consume(10_000, 0)]
-            for m in msgs:
-                if m.error():
-                    continue
-                value = m.value()
-                self.records += 1
-                d = json.loads(value)
-                if d.get("type") != "decision":
-                    self.acks += 1
-                    continue
-                k = (d["workflow_id"], d["task"], d["attempt"])
-                if k in self.arrived:
-                    if self.raw[k] != value:
-                        self.conflicts += 1
-                    continue
-                self.arrived[k] = (now, d["arm"])
-                self.raw[k] = value
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-        self.c.close()
-
-
-def pace(p: Any, topic: str, items: list[tuple[Key, str, bytes]], rate: float) -> dict[Key, float]:
-    """Offer `items` at `rate` per second; the wall time each was handed to the producer."""
-    sent: dict[Key, float] = {}
-    t0 = time.perf_counter()
-    for i, (k, key, value) in enumerate(items):
-        delay = t0 + i / rate - time.perf_counter()
-        if delay > 0.0005:
-            time.sleep(delay)
-        sent[k] = time.time()
-        produce(p, topic, key, value, backoff_s=0.001)
-    p.flush(60)
-    return sent
 
 
 # -- one configuration ------------------------------------------------------------------------
@@ -247,13 +97,23 @@ class Bench:
             yield lambda n: bar.update(task, completed=n)
 
     async def wait_decided(
-        self, reader: Reader, keys: list[Key], what: str, timeout: float, replicas: list[Replica]
+        self,
+        reader: Reader,
+        keys: list[Key],
+        what: str,
+        timeout: float,
+        replicas: list[Replica],
+        cpu: list[tuple[int, float]] | None = None,
     ) -> bool:
-        """Until every key has a decision (False on timeout); a replica exiting is an error."""
+        """Until every key has a decision (False on timeout); a replica exiting is an error.
+        `cpu` gets (decided, the replicas' CPU seconds) at every look."""
         deadline = time.monotonic() + timeout
         with self.progress(what, len(keys)) as update:
             while True:
                 done = sum(1 for k in keys if k in reader.arrived)
+                used = [cpu_seconds(r.proc.pid) for r in replicas]
+                if cpu is not None and None not in used:
+                    cpu.append((done, sum(used)))  # type: ignore[arg-type]
                 update(done)
                 if done == len(keys):
                     return True
@@ -296,11 +156,13 @@ class Bench:
             started = time.time()
             replicas = [await self.start(name, i, s, registered) for i in range(n)]
             keys = [k for k, _, _ in ready]
+            cpu: list[tuple[int, float]] = []
             ok = await self.wait_decided(
-                reader, keys, f"({name}) backlog", a.backlog_timeout, replicas
+                reader, keys, f"({name}) backlog", a.backlog_timeout, replicas, cpu
             )
             out["saturation"] = saturation(reader, keys, ok, started)
-            self.console.log(f"({name}) saturation: {_fmt_rate(out['saturation'])}")
+            out["saturation"]["replica_cpu_us"] = cpu_per_decision(cpu, len(keys))
+            self.console.log(f"({name}) saturation: {fmt_rate(out['saturation'])}")
             if name != "passthrough":
                 out["redis"] = await redis_bytes(rds, s, len(keys), mem0)
             if n == 1 and name in a.latency_configs:
@@ -329,7 +191,7 @@ class Bench:
 
     async def stop(self, r: Replica) -> dict[str, Any]:
         code = await stop_replica(r)
-        stats = _stopped_stats(r.log_path)
+        stats = stopped_stats(r.log_path)
         return {"exit": code, **stats}
 
     async def paced(
@@ -382,60 +244,6 @@ async def start_passthrough(i: int, s: Settings) -> Replica:
     r = Replica(i, proc, s.home / f"passthrough-{i}.log", s.topic("tasks"))
     r.reader = asyncio.create_task(r.read())
     return r
-
-
-def _stopped_stats(log: Path) -> dict[str, Any]:
-    """The counters of the replica's `daemon.stopped` line (decisions, duplicates, ...)."""
-    out: dict[str, Any] = {}
-    with contextlib.suppress(OSError):
-        for line in log.read_text().splitlines():
-            with contextlib.suppress(ValueError):
-                ev = json.loads(line)
-                if ev.get("event") == "daemon.stopped":
-                    out = {k: v for k, v in ev.items() if isinstance(v, int)}
-    return out
-
-
-def saturation(reader: Reader, keys: list[Key], complete: bool, started: float) -> dict[str, Any]:
-    """Decisions/s over the middle 80% of the backlog's decisions, and all-in."""
-    got = [reader.arrived[k] for k in keys if k in reader.arrived]
-    times = np.sort(np.array([t for t, _ in got]))
-    arms: dict[str, int] = defaultdict(int)
-    for _, arm in got:
-        arms[arm] += 1
-    out: dict[str, Any] = {"decided": len(got), "complete": complete, "arms": dict(arms)}
-    if len(times) >= 10:
-        lo, hi = int(0.1 * len(times)), int(0.9 * len(times)) - 1
-        out["per_s"] = (hi - lo) / max(1e-9, times[hi] - times[lo])
-        out["per_s_all"] = (len(times) - 1) / max(1e-9, times[-1] - times[0])
-        out["first_decision_s"] = times[0] - started
-        out["drain_s"] = times[-1] - times[0]
-    return out
-
-
-async def redis_bytes(rds: Any, s: Settings, decisions: int, mem0: int) -> dict[str, Any]:
-    """MEMORY USAGE of every key under the configuration's prefix, by key family."""
-    prefix = f"{s.topic_prefix}dagsched:"
-    keys = [k async for k in rds.scan_iter(match=f"{prefix}*", count=2000)]
-    by: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    for i in range(0, len(keys), 1000):
-        pipe = rds.pipeline(transaction=False)
-        for k in keys[i : i + 1000]:
-            pipe.memory_usage(k, samples=0)
-        for k, used in zip(keys[i : i + 1000], await pipe.execute(), strict=True):
-            family = k.decode()[len(prefix) :].split(":")[0]
-            by[family][0] += 1
-            by[family][1] += int(used or 0)
-    total = sum(b for _, b in by.values())
-    mem1 = (await rds.info("memory"))["used_memory"]
-    return {
-        "decisions": decisions,
-        "keys": len(keys),
-        "bytes": total,
-        "bytes_per_decision": total / max(1, decisions),
-        "used_memory_delta_per_decision": (mem1 - mem0) / max(1, decisions),
-        "families": {f: {"keys": c, "bytes": b} for f, (c, b) in sorted(by.items())},
-    }
 
 
 # -- served path alone ------------------------------------------------------------------------
@@ -536,122 +344,6 @@ async def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     doc["wall_s"] = time.monotonic() - wall0
     doc["summary"] = summary(doc)
     return doc
-
-
-def _rate(doc: dict[str, Any], name: str) -> float | None:
-    c = doc["configs"].get(name)
-    return None if c is None else c.get("saturation", {}).get("per_s")
-
-
-def summary(doc: dict[str, Any]) -> dict[str, Any]:
-    """The headline numbers and which targets they meet."""
-    out: dict[str, Any] = {
-        "passthrough_per_s": _rate(doc, "passthrough"),
-        "heuristic_per_s": _rate(doc, "heuristic"),
-        "gnn_per_s": _rate(doc, "gnn"),
-        "gnn_2_replicas_per_s": _rate(doc, "gnn2"),
-    }
-    lat = doc["configs"].get("gnn", {}).get("latency", {})
-    for rate in RATES:
-        out[f"p50_ms_at_{rate}"] = lat.get(str(rate), {}).get("p50_ms")
-        out[f"p99_ms_at_{rate}"] = lat.get(str(rate), {}).get("p99_ms")
-    for row in doc["served"]:
-        out[f"served_per_s_{row['nodes']}_nodes"] = row["per_s"]
-    red = doc["configs"].get("gnn", {}).get("redis") or doc["configs"].get("heuristic", {}).get(
-        "redis"
-    )
-    out["redis_bytes_per_decision"] = red["bytes_per_decision"] if red else None
-    best = max((x for x in (out["gnn_per_s"], out["gnn_2_replicas_per_s"]) if x), default=None)
-    ratio = best / out["passthrough_per_s"] if best and out["passthrough_per_s"] else None
-    out["gnn_vs_passthrough"] = ratio
-    checks = {
-        "gnn_per_s": best,
-        "gnn_vs_passthrough": ratio,
-        "p99_ms_at_1000": out["p99_ms_at_1000"],
-        "p99_ms_at_5000": out["p99_ms_at_5000"],
-        "served_per_s_32_nodes": out.get("served_per_s_32_nodes"),
-        "served_per_s_2048_nodes": out.get("served_per_s_2048_nodes"),
-    }
-    out["targets_met"] = {
-        k: None if v is None else bool(v <= TARGETS[k] if k.startswith("p99") else v >= TARGETS[k])
-        for k, v in checks.items()
-    }
-    return out
-
-
-def _fmt_rate(sat: dict[str, Any]) -> str:
-    if "per_s" not in sat:
-        return f"{sat['decided']} decided"
-    return f"{sat['per_s']:,.0f}/s ({sat['per_s_all']:,.0f}/s all-in, {sat['decided']:,} decided)"
-
-
-def _n(x: float | None, unit: str = "") -> str:
-    return "-" if x is None else f"{x:,.0f}{unit}" if abs(x) >= 100 else f"{x:,.1f}{unit}"
-
-
-def show(doc: dict[str, Any], console: Console) -> None:
-    """The tables: configurations, latency, served path, Redis, targets."""
-    t = Table(title="Daemon throughput: decisions/s at saturation (backlog published first)")
-    for col in ("config", "replicas", "decisions/s", "all-in/s", "decided", "arms", "Redis B/dec"):
-        t.add_column(col, justify="right")
-    for name, c in doc["configs"].items():
-        sat = c.get("saturation", {})
-        red = c.get("redis")
-        t.add_row(
-            name, str(c["replicas"]), _n(sat.get("per_s")), _n(sat.get("per_s_all")),
-            f"{sat.get('decided', 0):,} / {c['backlog_tasks']:,}",
-            ", ".join(f"{k} {v:,}" for k, v in sorted(sat.get("arms", {}).items())),
-            _n(red["bytes_per_decision"]) if red else "-",
-        )  # fmt: skip
-    console.print(t)
-    lt = Table(title="Submit-to-decision latency (ms) at offered tasks/s: p50 / p99")
-    lt.add_column("config")
-    for rate in RATES:
-        lt.add_column(f"{rate:,}/s", justify="right")
-    for name, c in doc["configs"].items():
-        if "latency" in c:
-            cells = []
-            for rate in RATES:
-                r = c["latency"][str(rate)]
-                tail = "" if r["complete"] else f" ({r['decided']:,}/{r['tasks']:,})"
-                cells.append(f"{_n(r['p50_ms'])} / {_n(r['p99_ms'])}{tail}")
-            lt.add_row(name, *cells)
-    console.print(lt)
-    st = Table(title="Served path alone: GNNScheduler.place, batches of 64")
-    for col in ("nodes", "decisions/s", "ms per batch"):
-        st.add_column(col, justify="right")
-    for r in doc["served"]:
-        st.add_row(str(r["nodes"]), _n(r["per_s"]), f"{r['ms_per_batch']:.1f}")
-    console.print(st)
-    for name, c in doc["configs"].items():
-        red = c.get("redis")
-        if not red:
-            continue
-        rt = Table(title=f"Redis after the backlog, {name}: bytes per decision by key family")
-        for col in ("family", "keys", "bytes", "bytes/decision"):
-            rt.add_column(col, justify="right")
-        for fam, v in red["families"].items():
-            rt.add_row(fam, f"{v['keys']:,}", f"{v['bytes']:,}", _n(v["bytes"] / red["decisions"]))
-        rt.add_row("all", f"{red['keys']:,}", f"{red['bytes']:,}", _n(red["bytes_per_decision"]))
-        console.print(rt)
-    sm = doc["summary"]
-    tt = Table(title="Targets (issue 13)")
-    for col in ("measure", "value", "target", "met"):
-        tt.add_column(col, justify="right")
-    for k, target in TARGETS.items():
-        v = sm.get(k)
-        if k == "gnn_per_s":
-            v = max((x for x in (sm["gnn_per_s"], sm["gnn_2_replicas_per_s"]) if x), default=None)
-        met = {True: "yes", False: "no"}.get(sm["targets_met"].get(k), "-")
-        op = "<=" if k.startswith("p99") else ">="
-        tt.add_row(k, "-" if v is None else f"{v:,.2f}", f"{op} {target:,g}", met)
-    console.print(tt)
-    su = doc["setup"]
-    console.print(
-        f"load average (1/5/15 min) at start {su['load_avg_start'][0]:.2f} / "
-        f"{su['load_avg_start'][1]:.2f} / {su['load_avg_start'][2]:.2f}, at end "
-        f"{su['load_avg_end'][0]:.2f}; {su['cpus']} CPUs; wall {doc['wall_s']:.0f} s"
-    )
 
 
 def main() -> None:

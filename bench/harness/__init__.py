@@ -7,10 +7,12 @@
   said (partition assignments, model loads and swaps, notices, warnings).
 - `watch`: reads `dagsched.tasks` and `dagsched.decisions` from the beginning, to check that
   every task asked for got exactly one decision.
+- `kafka_io` and `throughput_report`: the daemon throughput bench's workload, Kafka traffic
+  (confluent-kafka from the bench process), measures and tables.
 - `traffic`: back-to-back closed-loop replays (`dagsched.daemon.replay`) in a process of their
   own, so they do not share a GIL with the bench; that file is the process's entry point.
 
 Benchmarks run as scripts (`python bench/NAME.py`), so bench/ is on `sys.path` and they import
 this package as `harness` (e.g. `from harness.replicas import start_replica`). Used by
-bench/switch_time.py.
+bench/switch_time.py and bench/daemon_throughput.py.
 """

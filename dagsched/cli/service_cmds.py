@@ -123,7 +123,7 @@ def daemon_cmd(
     set_torch_threads(settings)
 
     async def main(stop: asyncio.Event) -> None:
-        daemon = Daemon(settings, run_updater=updater, registry=registry)
+        daemon = Daemon(settings, run_updater=updater, registry=registry, freeze_gc=True)
         run = asyncio.create_task(daemon.async_run())
         waiter = asyncio.create_task(stop.wait())
         await asyncio.wait({run, waiter}, return_when=asyncio.FIRST_COMPLETED)

@@ -20,6 +20,7 @@ hashes back into `FamilyStats`, so a policy reads the same numbers as in the sim
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import redis.asyncio as aioredis
@@ -82,6 +83,17 @@ return 1
 """
 
 
+# Every family's hash in one reply: a line per family (ARGV after the key prefix), its fields
+# and values separated by tabs (both are names and numbers this module writes).
+STATS_LUA = r"""
+local out = {}
+for i = 2, #ARGV do
+  out[#out + 1] = table.concat(redis.call('HGETALL', ARGV[1] .. ARGV[i]), '\t')
+end
+return table.concat(out, '\n')
+"""
+
+
 class RedisHistory:
     """Decaying per-family statistics of measured outcomes, kept in Redis."""
 
@@ -95,6 +107,7 @@ class RedisHistory:
         self.key = key
         self.speed = speed
         self._record = redis.register_script(RECORD_LUA)
+        self._stats = redis.register_script(STATS_LUA)
 
     async def record(
         self, msg: TaskFinishedMsg | TaskFailedMsg, spec: TaskSpecMsg, node_kind: str
@@ -123,16 +136,26 @@ class RedisHistory:
         args += [SEEN_TTL_S, repr(HALF_LIFE_S), repr(RESCALE_AT)]
         return bool(await self._record(keys=[self.key("hist", family), seen], args=args))
 
-    async def stats(self, families: Sequence[str]) -> dict[str, FamilyStats]:
-        """What history knows of each of `families` (absent: never observed)."""
-        pipe = self.redis.pipeline(transaction=False)
-        for f in families:
-            pipe.hgetall(self.key("hist", f))
-        out = {}
-        for f, raw in zip(families, await pipe.execute(), strict=True):
-            if raw:
-                out[f] = _family_stats({k.decode(): v.decode() for k, v in raw.items()})
-        return out
+    async def stats(self, families: Sequence[str], client: Any = None) -> dict[str, FamilyStats]:
+        """What history knows of each of `families` (absent: never observed), in one script
+        call and one reply string (a pipeline of HGETALLs was a reply per field to parse).
+        With a pipeline as `client` the call is only queued: parse its reply with
+        `parse_stats`."""
+        if not families:
+            return {}
+        text = await self._stats(args=[self.key("hist", ""), *families], client=client)
+        return {} if client is not None else parse_stats(families, text)
+
+
+def parse_stats(families: Sequence[str], text: bytes | str) -> dict[str, FamilyStats]:
+    """The stats script's reply, by family."""
+    lines = (text.decode() if isinstance(text, bytes) else text).split("\n")
+    out = {}
+    for f, line in zip(families, lines, strict=True):
+        if line:
+            parts = line.split("\t")
+            out[f] = _family_stats(dict(zip(parts[::2], parts[1::2], strict=True)))
+    return out
 
 
 def _family_stats(h: dict[str, str]) -> FamilyStats:

@@ -10,6 +10,7 @@ from typing import Any
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import KafkaError
+from aiokafka.partitioner import DefaultPartitioner
 
 from dagsched.settings import Settings
 
@@ -64,11 +65,8 @@ async def produce_all(
     backoff = BACKOFF_S[0]
     while True:
         try:
-            futures = [
-                await producer.send(topic, value=value, key=key) for topic, key, value in outputs
-            ]
-            if futures:
-                await asyncio.gather(*futures)
+            for fut in await _send(producer, outputs):
+                await fut  # all were sent before the first wait
             return True
         except KafkaError as exc:
             log.warning("kafka.produce_failed", error=str(exc), retry_in_s=backoff)
@@ -78,3 +76,59 @@ async def produce_all(
             return False
         await asyncio.sleep(backoff)  # broker away: reconnect with backoff
         backoff = min(backoff * 2, BACKOFF_S[1])
+
+
+async def _send(producer: AIOKafkaProducer, outputs: Sequence[Output]) -> list[Any]:
+    """Queue `outputs` as one record batch per partition (in order within each), partitioned
+    as `producer.send` would (the default partitioner: murmur2 of the key, a random partition
+    without one); their delivery futures. Per record, `send` costs a metadata check, a
+    pure-Python murmur2 and a future of its own: a batch of 64 decisions spent more in it than
+    in deciding them with the heuristic."""
+    groups: dict[tuple[str, int], list[tuple[bytes | None, bytes]]] = {}
+    futures = []
+    for topic, key, value in outputs:
+        partition = _PARTITIONS.partition(producer, topic, key)
+        if partition is None:  # no metadata yet: `send` waits for it
+            futures.append(await producer.send(topic, value=value, key=key))
+            continue
+        groups.setdefault((topic, partition), []).append((key, value))
+    for (topic, partition), records in groups.items():
+        batch = producer.create_batch()
+        for key, value in records:
+            if batch.append(key=key, value=value, timestamp=None) is None:  # full: the next
+                futures.append(await producer.send_batch(batch, topic, partition=partition))
+                batch = producer.create_batch()
+                batch.append(key=key, value=value, timestamp=None)  # a first record fits
+        futures.append(await producer.send_batch(batch, topic, partition=partition))
+    return futures
+
+
+class _Partitions:
+    """Key -> partition as aiokafka's default partitioner picks it, remembered per topic and
+    partition count (a batch's decisions share few workflow ids; murmur2 is pure Python)."""
+
+    CAP = 100_000
+
+    def __init__(self) -> None:
+        self.known: dict[tuple[str, int], tuple[list[int], dict[bytes, int]]] = {}
+        self.hash = DefaultPartitioner()
+
+    def partition(self, producer: AIOKafkaProducer, topic: str, key: bytes | None) -> int | None:
+        parts = producer.client.cluster.partitions_for_topic(topic)
+        if not parts:
+            return None
+        known = self.known.get((topic, len(parts)))
+        if known is None:
+            known = self.known[(topic, len(parts))] = (sorted(parts), {})
+        if key is None:
+            available = producer.client.cluster.available_partitions_for_topic(topic)
+            return int(self.hash(None, known[0], list(available or ())))
+        hit = known[1].get(key)
+        if hit is None:
+            if len(known[1]) >= self.CAP:
+                known[1].clear()
+            hit = known[1][key] = int(self.hash(key, known[0], known[0]))
+        return hit
+
+
+_PARTITIONS = _Partitions()

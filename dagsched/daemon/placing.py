@@ -38,6 +38,7 @@ PLACE_ROUNDS = 3
 VIEW_POLL_S = 0.002  # how often a batch re-reads the clock while it waits for the updater
 
 Key = tuple[str, int]  # (workflow_id/task, attempt)
+FINISH_CACHE = 10_000  # workflows whose downward finish times are kept (as the store's cache)
 
 
 class Hold(Exception):
@@ -65,6 +66,9 @@ class Placer:
         self._last_trace: list[Trace] = []
         self._history: dict[str, FamilySummary] = {}
         self._last_view: str | None = None
+        # per workflow id: (the Workflow, its downward finish times, their max), across
+        # batches while the store keeps that Workflow object
+        self._finish: dict[str, tuple[Workflow, list[float], float]] = {}
 
     async def decide(
         self, todo: dict[tuple[str, int], TaskReadyMsg], fetched: float
@@ -89,19 +93,22 @@ class Placer:
             else:
                 pending[key] = (m, wf)
         at = max((m.at for m, _ in pending.values() if m.at is not None), default=None)
-        self._history = await self.store.history(
-            sorted({wf.tasks[m.task].family for m, wf in pending.values()})
+        # family history and where workflows stand feed the models' task views; the heuristic
+        # reads neither. The first round reads them with the view, in one round trip.
+        modelled = [(m, wf) for k, (m, wf) in pending.items() if self._model_arm(k)]
+        view, progress, self._history = await self.store.round_inputs(
+            sorted({m.workflow_id for m, _ in modelled}),
+            sorted({wf.tasks[m.task].family for m, wf in modelled}),
         )
         for round_ in range(PLACE_ROUNDS):
             if not pending:
                 break
-            view = await self._fresh_view(at, wait=round_ == 0)
+            ids = sorted({m.workflow_id for k, (m, _) in pending.items() if self._model_arm(k)})
+            view, again = await self._fresh_view(at, round_ == 0, view if round_ == 0 else None)
             if view is None or view.n == 0 or not view.alive.any():
                 raise Hold("no alive node known")
-            # where workflows stand feeds the models' task views; the heuristic needs none
-            progress = await self.store.progress(
-                sorted({m.workflow_id for k, (m, _) in pending.items() if self._model_arm(k)})
-            )
+            if round_ > 0 or again:  # the view was read again: where workflows stand, too
+                progress = await self.store.progress(ids)
             last = round_ == PLACE_ROUNDS - 1
             placed = await self._place_round(
                 view, pending, progress, fetched, queue_all=last, new=new
@@ -113,14 +120,19 @@ class Placer:
             raise Hold(f"{len(pending)} task(s) could not be placed")
         return out, new, self._logs
 
-    async def _fresh_view(self, at: float | None, wait: bool) -> ClusterView | None:
+    async def _fresh_view(
+        self, at: float | None, wait: bool, view: ClusterView | None = None
+    ) -> tuple[ClusterView | None, bool]:
         """The cluster view once it has caught up with job-queue time `at` (the newest request
         of the batch): the updater applies events concurrently, and a task's parent finishing
         and the task becoming ready happen at the same instant. After `daemon.view_wait_ms`
-        (or at once when not `wait`) the batch is decided on what is known, clock at `at`."""
-        view = await self.store.view()
+        (or at once when not `wait`) the batch is decided on what is known, clock at `at`.
+        `view`: one just read (else it is read here). Also says whether it was read again."""
+        if view is None:
+            view = await self.store.view()
+        again = False
         if at is None or view is None:
-            return view
+            return view, again
         if view.now + 1e-6 < at and wait:
             # poll the clock alone (one GET), then read the whole view once it has caught up
             deadline = time.monotonic() + self.cfg.view_wait_ms / 1000
@@ -129,14 +141,14 @@ class Placer:
                 await asyncio.sleep(VIEW_POLL_S)  # the updater runs meanwhile
                 clock = await self.store.clock()
             if clock is not None and clock > view.now:
-                view = await self.store.view()
+                view, again = await self.store.view(), True
                 if view is None:
-                    return None
+                    return None, again
         if view.now + 1e-6 < at:
             if wait:
                 self.metrics.stale_views.inc()
             view.now = at
-        return view
+        return view, again
 
     async def _place_round(
         self,
@@ -159,13 +171,9 @@ class Placer:
         planned: list[tuple[tuple[str, int], str, PolicyCall, int]] = []
         reservations: list[tuple[Reservation, bool]] = []
         calls: list[PolicyCall] = []
-        finish: dict[str, tuple[list[float], float]] = {}  # per workflow, once per round
         for arm, keys in sorted(by_arm.items()):
             model = arm != "fallback"  # the heuristic reads no sub-deadline: not computed
-            tvs = [
-                self._task_view(index, *pending[k], progress, ready, finish if model else None)
-                for k in keys
-            ]
+            tvs = [self._task_view(index, *pending[k], progress, ready, model) for k in keys]
             placements, arm, version = self._run_policy(arm, view, tvs)
             now = time.time()
             call = PolicyCall(arm, version, now, self._last_view)
@@ -185,10 +193,12 @@ class Placer:
                     node=view.node_ids[node],
                     cpu=cpu,
                     mem=mem,
-                    max_retries=min(max(round(p.max_retries), RETRY_BOUNDS[0]), RETRY_BOUNDS[1]),
+                    max_retries=int(
+                        min(max(round(p.max_retries), RETRY_BOUNDS[0]), RETRY_BOUNDS[1])
+                    ),
                     model_version=version,
                     arm=arm,  # type: ignore[arg-type]
-                    log_prob=min(0.0, p.log_prob) if math.isfinite(p.log_prob) else 0.0,
+                    log_prob=min(0.0, float(p.log_prob)) if math.isfinite(p.log_prob) else 0.0,
                     decided_at=now,
                     latency_ms=max(0.0, (time.monotonic() - fetched) * 1000),
                 ).encode()
@@ -207,6 +217,7 @@ class Placer:
                 reservations.append((res, queue_all or not fits))
         # the whole round's reservations in one atomic step, in the order they were planned
         results = await self.store.decide_many(reservations)
+        by_arm_new: dict[str, int] = defaultdict(int)
         for (key, arm, call, pos), (res, _), (status, winner) in zip(
             planned, reservations, results, strict=True
         ):
@@ -214,12 +225,14 @@ class Placer:
                 placed[key] = res.decision
                 new.add(key)
                 call.new[pos] = True
-                self.metrics.decisions.labels(arm=arm).inc()
-                self.stats["decisions"] += 1
-                if arm == "fallback":
-                    self.metrics.fallback.labels(why="no_model").inc()
+                by_arm_new[arm] += 1
             elif status == "dup" and winner is not None:
                 placed[key] = winner  # another replica answered first: same decision
+        for arm, n in by_arm_new.items():  # counted per round, not per decision
+            self.metrics.decisions.labels(arm=arm).inc(n)
+            self.stats["decisions"] += n
+            if arm == "fallback":
+                self.metrics.fallback.labels(why="no_model").inc(n)
         self._logs += [r for c in calls if (r := c.record()) is not None]
         return placed
 
@@ -252,22 +265,19 @@ class Placer:
         wf: Workflow,
         progress: dict[str, Progress],
         ready: dict[str, set[int]],
-        finish: dict[str, tuple[list[float], float]] | None,
+        model: bool,
     ) -> TaskView:
         """The task as the model was trained to see it: active = decided and not done, or
-        ready in this batch. `finish` caches each workflow's downward finish times (None: for
-        the heuristic, which reads no sub-deadline; it is then 0)."""
+        ready in this batch. The sub-deadline is 0 for the heuristic (not `model`), which
+        reads none."""
         done_set, active_set, nodes = progress.get(m.workflow_id, (set(), set(), {}))
         done = np.zeros(wf.size, dtype=bool)
         done[[i for i in done_set if i < wf.size]] = True
         active = np.zeros(wf.size, dtype=bool)
         active[[i for i in active_set | ready[m.workflow_id] if i < wf.size]] = True
         sub_deadline_s = 0.0
-        if finish is not None:
-            if m.workflow_id not in finish:
-                f = downward_finish_s(wf)
-                finish[m.workflow_id] = (f, max(f) or 1.0)
-            down, cp = finish[m.workflow_id]
+        if model:
+            down, cp = self._downward_finish(wf)
             sub_deadline_s = wf.arrival_s + wf.deadline_s * down[m.task] / cp
         return TaskView(
             workflow=wf,
@@ -280,6 +290,16 @@ class Placer:
             sub_deadline_s=sub_deadline_s,
             history=self._history.get(wf.tasks[m.task].family),
         )
+
+    def _downward_finish(self, wf: Workflow) -> tuple[list[float], float]:
+        """`downward_finish_s(wf)` and its max (1 if 0), kept while `wf` is the same object."""
+        hit = self._finish.get(wf.id)
+        if hit is None or hit[0] is not wf:
+            f = downward_finish_s(wf)
+            if len(self._finish) >= FINISH_CACHE:
+                self._finish.clear()
+            hit = self._finish[wf.id] = (wf, f, max(f) or 1.0)
+        return hit[1], hit[2]
 
 
 def _trace(sched: Scheduler, n: int) -> list[Trace]:

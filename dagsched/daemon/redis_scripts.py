@@ -3,59 +3,87 @@ the daemon and the updater can share one Redis without races (see that module's 
 """
 
 # All reservations of one batch round, in order, atomically (one EVALSHA per round).
-# KEYS: per entry five: dec, node, ledger, nodeled, wfactive
-# ARGV: ttl, then per entry seven: decision json, node id, cores, mem, est core-s, task idx,
-#       mode (fit | queue | force)
-# Returns per entry two: status (r | q | dup | dead | nofit) and the stored decision on dup.
+# ARGV: ttl, key prefix, then the entries as one string: a line each, its fields separated by
+# tabs: task key "{wf}/{task}", attempt, node id, cores, mem, est core-s, mode (fit | queue |
+# force), and last the decision JSON (JSON has no raw newline). One argument and one reply
+# string instead of twelve arguments and two replies per entry: redis-py packs and parses
+# each in pure Python, which cost more than the script itself.
+# Returns {statuses, winner...}: one letter per entry (r reserved, q queued, d dup, x dead,
+# n nofit), then the stored decision of each dup, in order.
 # An entry sees the earlier entries' reservations, as the planner's view did.
 DECIDE_LUA = """
-local ttl = tonumber(ARGV[1])
-local out = {}
-for i = 0, #KEYS / 5 - 1 do
-  local dec, node, led = KEYS[i * 5 + 1], KEYS[i * 5 + 2], KEYS[i * 5 + 3]
-  local a = 1 + i * 7
-  local decision, mode, idx = ARGV[a + 1], ARGV[a + 7], ARGV[a + 6]
-  local status, winner = 'r', ''
+local ttl, p, blob = tonumber(ARGV[1]), ARGV[2], ARGV[3]
+local statuses, out = {}, {''}
+local pos, n = 1, #blob
+while pos <= n do
+  local e = string.find(blob, '\\n', pos, true) or (n + 1)
+  local tk, att, nid, cs, ms, qs, mode, decision = string.match(string.sub(blob, pos, e - 1),
+    '^([^\\t]*)\\t([^\\t]*)\\t([^\\t]*)\\t([^\\t]*)\\t([^\\t]*)\\t([^\\t]*)\\t([^\\t]*)\\t(.*)$')
+  pos = e + 1
+  local wf, idx = string.match(tk, '^(.*)/([^/]*)$')
+  local dec, node = p .. 'dec:' .. tk .. ':' .. att, p .. 'node:' .. nid
+  local led, wfactive = p .. 'led:' .. tk .. ':' .. att, p .. 'wfactive:' .. wf
+  local status = 'r'
   local prev = redis.call('GET', dec)
   if prev then
-    status, winner = 'dup', prev
+    status = 'd'
+    out[#out + 1] = prev
   else
     local h = redis.call('HMGET', node, 'alive', 'free_cores', 'free_mem')
     if h[1] ~= '1' then
       if mode == 'force' then
         -- resync after an outage: keep the decision; the node is gone or not heard of yet
         redis.call('SET', dec, decision, 'EX', ttl)
-        redis.call('SADD', KEYS[i * 5 + 5], idx)
+        redis.call('SADD', wfactive, idx)
         status = 'q'
       else
-        status = 'dead'
+        status = 'x'
       end
     else
       local fc, fm = tonumber(h[2]) or 0, tonumber(h[3]) or 0
-      local c, m = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
+      local c, m = tonumber(cs), tonumber(ms)
       -- nodes backfill: what fits starts now, whatever waits in the node's queue
       if fc + 1e-9 >= c and fm + 1e-9 >= m then
         redis.call('HINCRBYFLOAT', node, 'free_cores', -c)
         redis.call('HINCRBYFLOAT', node, 'free_mem', -m)
       elseif mode == 'fit' then
-        status = 'nofit'
+        status = 'n'
       else
         redis.call('HINCRBY', node, 'queue_len', 1)
-        redis.call('HINCRBYFLOAT', node, 'queued_core_s', ARGV[a + 5])
+        redis.call('HINCRBYFLOAT', node, 'queued_core_s', qs)
         status = 'q'
       end
-      if status ~= 'nofit' then
+      if status ~= 'n' then
         redis.call('SET', dec, decision, 'EX', ttl)
-        redis.call('HSET', led, 'node', ARGV[a + 2], 'cores', ARGV[a + 3], 'mem', ARGV[a + 4],
-                   'core_s', ARGV[a + 5], 'state', status)
-        redis.call('SADD', KEYS[i * 5 + 4], led)
-        redis.call('SADD', KEYS[i * 5 + 5], idx)
+        redis.call('HSET', led, 'node', nid, 'cores', cs, 'mem', ms, 'core_s', qs,
+                   'state', status)
+        redis.call('SADD', p .. 'nodeled:' .. nid, led)
+        redis.call('SADD', wfactive, idx)
       end
     end
   end
-  out[#out + 1] = status
-  out[#out + 1] = winner
+  statuses[#statuses + 1] = status
 end
+out[1] = table.concat(statuses)
+return out
+"""
+
+# The stored decisions of a batch's tasks in one reply. ARGV: key prefix, then the decision
+# keys' suffixes "{wf}/{task}:{attempt}" as one newline-separated string. Returns {found,
+# decision...}: one letter per key (1 stored, 0 not), then the stored ones in order.
+STORED_LUA = """
+local p, blob = ARGV[1], ARGV[2]
+local found, out = {}, {''}
+for k in string.gmatch(blob, '[^\\n]+') do
+  local v = redis.call('GET', p .. 'dec:' .. k)
+  if v then
+    found[#found + 1] = '1'
+    out[#out + 1] = v
+  else
+    found[#found + 1] = '0'
+  end
+end
+out[1] = table.concat(found)
 return out
 """
 
@@ -145,18 +173,19 @@ VIEW_FIELDS = (
     "free_mem", "queue_len", "queued_core_s", "net_in_bytes", "failure_rate", "slowdown",
 )  # fmt: skip
 
-# Where workflows stand, in one round trip. ARGV: key prefix, then workflow ids. Returns per
-# workflow three strings: done indices "1,2", active ones, and task nodes "0=n1,3=n2".
-PROGRESS_LUA = """
+# Where workflows stand, in one round trip and one reply string. ARGV: key prefix, then
+# workflow ids. Returns a line per workflow: done indices "1,2", a tab, active ones, a tab, and
+# task nodes "0=n1,3=n2" (node ids have no tab, comma, equals sign or newline).
+PROGRESS_LUA = r"""
 local out = {}
 for i = 2, #ARGV do
   local id = ARGV[i]
-  out[#out + 1] = table.concat(redis.call('SMEMBERS', ARGV[1] .. 'wfdone:' .. id), ',')
-  out[#out + 1] = table.concat(redis.call('SMEMBERS', ARGV[1] .. 'wfactive:' .. id), ',')
   local h = redis.call('HGETALL', ARGV[1] .. 'wfnode:' .. id)
   local pairs_ = {}
   for j = 1, #h, 2 do pairs_[#pairs_ + 1] = h[j] .. '=' .. h[j + 1] end
-  out[#out + 1] = table.concat(pairs_, ',')
+  out[#out + 1] = table.concat(redis.call('SMEMBERS', ARGV[1] .. 'wfdone:' .. id), ',') ..
+    '\t' .. table.concat(redis.call('SMEMBERS', ARGV[1] .. 'wfactive:' .. id), ',') ..
+    '\t' .. table.concat(pairs_, ',')
 end
-return out
+return table.concat(out, '\n')
 """

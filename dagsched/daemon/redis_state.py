@@ -37,7 +37,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from dagsched.daemon.history_store import RedisHistory
+from dagsched.daemon.history_store import RedisHistory, parse_stats
 from dagsched.daemon.redis_scripts import (
     DECIDE_LUA,
     LEDGER_LUA,
@@ -45,6 +45,7 @@ from dagsched.daemon.redis_scripts import (
     MAX_CLOCK_LUA,
     PROGRESS_LUA,
     RESET_NODE_LUA,
+    STORED_LUA,
     VIEW_FIELDS,
     VIEW_LUA,
 )
@@ -59,6 +60,7 @@ from dagsched.schemas.messages import (
 )
 from dagsched.settings import Settings
 from dagsched.sim.config import NODE_KINDS
+from dagsched.sim.history import FamilyStats
 from dagsched.sim.view import ClusterView
 from dagsched.sim.workflow import TASK_TYPE_NAMES
 
@@ -105,6 +107,7 @@ class RedisState:
         self._log = redis.register_script(LOG_LUA)
         self._view = redis.register_script(VIEW_LUA)
         self._progress = redis.register_script(PROGRESS_LUA)
+        self._stored = redis.register_script(STORED_LUA)
         self._log_entry_bytes = 0.0  # what one decision-log entry costs in Redis, both streams
         self._log_writes = 0
         self.history = RedisHistory(redis, self.key, settings.sim.cluster.speed)
@@ -148,10 +151,15 @@ class RedisState:
     # -- decisions ----------------------------------------------------------------------------
 
     async def stored_decisions(self, keys: Sequence[tuple[str, int]]) -> list[bytes | None]:
-        """The stored decision for each (task key, attempt), or None."""
+        """The stored decision for each (task key, attempt), or None (one script call with one
+        argument and a compact reply: an MGET's reply is a bulk string or nil per key)."""
         if not keys:
             return []
-        return _bytes_list(await self.redis.mget([self.key("dec", f"{k}:{a}") for k, a in keys]))
+        found, *values = await self._stored(
+            args=[self.prefix, "\n".join(f"{k}:{a}" for k, a in keys)]
+        )
+        it = iter(values)
+        return [_bytes(next(it)) if f == 49 else None for f in _bytes(found)]  # 49: b"1"
 
     async def decide(
         self, r: Reservation, queue_if_full: bool, force: bool = False
@@ -173,26 +181,18 @@ class RedisState:
         "fit" (re-plan when it does not fit), "queue" (queue it then) or "force"."""
         if not items:
             return []
-        keys: list[str] = []
-        args: list[Any] = [self.settings.daemon.decision_ttl_s]
+        lines = []
         for r, mode in items:
-            wf_id, idx = r.task_key.rsplit("/", 1)
-            attempt_key = f"{r.task_key}:{r.attempt}"
-            keys += [
-                self.key("dec", attempt_key),
-                self.key("node", r.node),
-                self.key("led", attempt_key),
-                self.key("nodeled", r.node),
-                self.key("wfactive", wf_id),
-            ]
-            args += [r.decision, r.node, repr(r.cores), repr(r.mem), repr(r.core_s), idx, mode]
-        res = await self._decide(keys=keys, args=args)
-        out: list[tuple[str, bytes | None]] = []
-        for i in range(0, len(res), 2):
-            status = _str(res[i])
-            winner = res[i + 1]
-            out.append((status, _bytes(winner) if status == "dup" else None))
-        return out
+            if b"\n" in r.decision:  # JSON has none; the script splits entries on it
+                raise ValueError("a decision with a raw newline")
+            head = f"{r.task_key}\t{r.attempt}\t{r.node}\t{r.cores!r}\t{r.mem!r}\t{r.core_s!r}"
+            lines.append(f"{head}\t{mode}\t".encode() + r.decision)
+        ttl = self.settings.daemon.decision_ttl_s
+        statuses, *winners = await self._decide(args=[ttl, self.prefix, b"\n".join(lines)])
+        it = iter(winners)
+        return [
+            ("dup", _bytes(next(it))) if c == "d" else (_STATUS[c], None) for c in _str(statuses)
+        ]
 
     # -- workflows ----------------------------------------------------------------------------
 
@@ -210,22 +210,11 @@ class RedisState:
             return []
         return _bytes_list(await self.redis.mget([self.key("wf", i) for i in ids]))
 
-    async def workflow_progress(
-        self, ids: Sequence[str]
-    ) -> dict[str, tuple[set[int], set[int], dict[int, str]]]:
+    async def workflow_progress(self, ids: Sequence[str]) -> dict[str, Progress]:
         """Per workflow: done task indices, active ones, and the node each task last ran on."""
         if not ids:
             return {}
-        res = await self._progress(args=[self.prefix, *ids])
-        out = {}
-        for i, wf_id in enumerate(ids):
-            done, active, nodes = (_str(x) for x in res[3 * i : 3 * i + 3])
-            out[wf_id] = (
-                {int(x) for x in done.split(",") if x},
-                {int(x) for x in active.split(",") if x},
-                {int(k): v for k, _, v in (kv.partition("=") for kv in nodes.split(",") if kv)},
-            )
-        return out
+        return _progress_from(ids, await self._progress(args=[self.prefix, *ids]))
 
     # -- nodes --------------------------------------------------------------------------------
 
@@ -235,6 +224,9 @@ class RedisState:
             keys=[self.key("nodes"), self.key("clock")],
             args=[self.key("node", ""), *VIEW_FIELDS],
         )
+        return self._view_from(text, clock)
+
+    def _view_from(self, text: bytes | str, clock: bytes | str | None) -> ClusterView:
         ids: list[str] = []
         rows: list[dict[str, str]] = []
         for line in _str(text).split("\n") if text else []:
@@ -242,6 +234,27 @@ class RedisState:
             ids.append(node)
             rows.append({k: v for k, v in zip(VIEW_FIELDS, values, strict=True) if v})
         return build_view(ids, rows, float(clock or 0.0), self.settings.sim.cluster.speed)
+
+    async def round_inputs(
+        self, ids: Sequence[str], families: Sequence[str]
+    ) -> tuple[ClusterView, dict[str, Progress], dict[str, FamilyStats]]:
+        """`cluster_view`, `workflow_progress(ids)` and `history.stats(families)` in one round
+        trip (a pipeline of the three scripts): what a batch's first round reads."""
+        pipe = self.redis.pipeline(transaction=False)
+        await self._view(
+            keys=[self.key("nodes"), self.key("clock")],
+            args=[self.key("node", ""), *VIEW_FIELDS],
+            client=pipe,
+        )
+        if ids:
+            await self._progress(args=[self.prefix, *ids], client=pipe)
+        if families:
+            await self.history.stats(families, client=pipe)
+        res = await pipe.execute()
+        view = self._view_from(*res[0])
+        progress = _progress_from(ids, res[1]) if ids else {}
+        stats = parse_stats(families, res[-1]) if families else {}
+        return view, progress, stats
 
     async def clock(self) -> float:
         """The job-queue clock: the latest event time applied (0 before any)."""
@@ -328,6 +341,23 @@ class RedisState:
         for k in keys:
             pipe.hgetall(k)
         return [{a.decode(): b.decode() for a, b in h.items()} for h in await pipe.execute()]
+
+
+_STATUS = {"r": "r", "q": "q", "x": "dead", "n": "nofit"}  # the decide script's letters
+Progress = tuple[set[int], set[int], dict[int, str]]  # done, active, task index -> node
+
+
+def _progress_from(ids: Sequence[str], text: bytes | str) -> dict[str, Progress]:
+    """The progress script's reply, by workflow."""
+    out = {}
+    for wf_id, line in zip(ids, _str(text).split("\n"), strict=True):
+        done, active, nodes = line.split("\t")
+        out[wf_id] = (
+            {int(x) for x in done.split(",") if x},
+            {int(x) for x in active.split(",") if x},
+            {int(k): v for k, _, v in (kv.partition("=") for kv in nodes.split(",") if kv)},
+        )
+    return out
 
 
 def _str(x: bytes | str) -> str:

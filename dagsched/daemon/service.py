@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import time
 from collections import defaultdict
 from typing import Any
@@ -38,12 +39,19 @@ log = structlog.get_logger(__name__)
 
 
 def set_torch_threads(settings: Settings) -> None:
-    """Give this process `daemon.torch_threads` torch intra-op threads (0: leave torch's)."""
+    """Give this process `daemon.torch_threads` compute threads (0: leave the libraries'
+    defaults): torch's intra-op pool, and numpy's BLAS and OpenMP pools for the whole process.
+    Replicas share the host's cores and scale by processes; a BLAS pool of a thread per core,
+    its threads spinning after each product, made two replicas on 2 cores slower than one."""
     n = settings.daemon.torch_threads
     if n:
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(limits=n)  # every BLAS and OpenMP library loaded so far
         import torch
 
         torch.set_num_threads(n)
+        threadpool_limits(limits=n)  # and those torch brought
 
 
 class _Listener(ConsumerRebalanceListener):
@@ -53,11 +61,11 @@ class _Listener(ConsumerRebalanceListener):
         self.daemon = daemon
 
     async def on_partitions_revoked(self, revoked: Any) -> None:
-        """Wait (up to the grace period) for the batch in flight to commit."""
+        """Wait (up to the grace period) for the batches in flight to commit."""
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.daemon.settings.daemon.grace_s):
                 async with self.daemon.batches.batch_lock:
-                    pass
+                    await self.daemon.batches.drain()
         log.info("partitions.revoked", partitions=sorted(str(tp) for tp in revoked))
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
@@ -67,7 +75,10 @@ class _Listener(ConsumerRebalanceListener):
 
 
 class Daemon:
-    """One replica. Several in one consumer group share the partitions of `dagsched.tasks`."""
+    """One replica. Several in one consumer group share the partitions of `dagsched.tasks`.
+
+    `freeze_gc` (the `dagsched daemon` process sets it): after start-up and after each model
+    swap, what is alive is moved out of the garbage collector's sight (`gc.freeze`)."""
 
     def __init__(
         self,
@@ -80,6 +91,7 @@ class Daemon:
         registry: bool = True,
         loader: Loader | None = None,
         version_of: VersionOf | None = None,
+        freeze_gc: bool = False,
     ) -> None:
         self.settings = settings
         self.cfg = settings.daemon
@@ -107,6 +119,7 @@ class Daemon:
         self.batches = BatchLoop(
             settings, self.rs, self.store, self.models, self.metrics, self.stats, self.stop_event
         )
+        self.batches.freeze_gc = freeze_gc
         self.metrics.refresh = self.batches.gauges
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -143,6 +156,9 @@ class Daemon:
                     s, self.rs, producer, self.metrics, consumer_options=self.consumer_options
                 )
                 tasks.append(asyncio.create_task(self.updater.run(self.stop_event)))
+            if self.batches.freeze_gc:
+                gc.collect()
+                gc.freeze()  # see BatchLoop.freeze_gc
             log.info("daemon.started", group=s.topic_prefix + self.cfg.group_id)
             await self.batches.run(consumer, producer)
         finally:

@@ -19,7 +19,7 @@ import numpy as np
 import structlog
 from redis.exceptions import RedisError
 
-from dagsched.daemon.redis_state import RedisState, Reservation
+from dagsched.daemon.redis_state import Progress, RedisState, Reservation
 from dagsched.sim.history import FamilySummary, summarize
 from dagsched.sim.view import ClusterView
 from dagsched.sim.workflow import Workflow
@@ -29,8 +29,6 @@ log = structlog.get_logger(__name__)
 LOCAL_DECISIONS = 100_000  # decisions remembered in memory (for redeliveries during an outage)
 LOCAL_WORKFLOWS = 10_000
 RESYNC_BACKOFF_S = (0.2, 5.0)
-
-Progress = tuple[set[int], set[int], dict[int, str]]
 
 
 class _Lru(OrderedDict[str, Any]):
@@ -114,6 +112,24 @@ class StateStore:
             except RedisError as exc:
                 self._down("view", exc)
         return _copy(self._view) if self._view is not None else None
+
+    async def round_inputs(
+        self, ids: Sequence[str], families: Sequence[str]
+    ) -> tuple[ClusterView | None, dict[str, Progress], dict[str, FamilySummary]]:
+        """`view()`, `progress(ids)` and `history(families)` in one Redis round trip."""
+        await self.maybe_resync()
+        if not self.degraded:
+            try:
+                view, progress, stats = await self.rs.round_inputs(ids, families)
+            except RedisError as exc:
+                self._down("view", exc)
+            else:
+                self._view = view
+                self._ok()
+                history = {f: s for f, st in stats.items() if (s := summarize(st)) is not None}
+                return _copy(view), progress, history
+        view_ = _copy(self._view) if self._view is not None else None
+        return view_, {i: (set(), set(), {}) for i in ids}, {}
 
     async def clock(self) -> float | None:
         """The job-queue clock in Redis; None while degraded (it cannot move then)."""
