@@ -208,7 +208,9 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--target-kl", type=float, default=0.02)
+    ap.add_argument("--ent-coef", type=float, default=0.0, help="entropy bonus of PPO")
     ap.add_argument("--min-samples", type=int, default=100)
+    ap.add_argument("--max-samples", type=int, default=None, help="default: the evaluator's")
     ap.add_argument("--bucket-workflows", type=int, default=100)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
@@ -230,8 +232,11 @@ def main() -> None:
         update_epochs=args.epochs,
         target_kl=args.target_kl,
         credit=args.credit,
+        ent_coef=args.ent_coef,
     )
     ev = s.evaluator.model_copy(update={"min_samples": args.min_samples})
+    if args.max_samples is not None:
+        ev = ev.model_copy(update={"max_samples": args.max_samples})
     cfg = LoopConfig(
         share=args.share,
         every_n=args.every_n,
