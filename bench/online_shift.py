@@ -209,6 +209,7 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--target-kl", type=float, default=0.02)
     ap.add_argument("--ent-coef", type=float, default=0.0, help="entropy bonus of PPO")
+    ap.add_argument("--clip", type=float, default=0.2, help="PPO's ratio clip")
     ap.add_argument("--min-samples", type=int, default=100)
     ap.add_argument("--max-samples", type=int, default=None, help="default: the evaluator's")
     ap.add_argument("--bucket-workflows", type=int, default=100)
@@ -233,6 +234,7 @@ def main() -> None:
         target_kl=args.target_kl,
         credit=args.credit,
         ent_coef=args.ent_coef,
+        clip_coef=args.clip,
     )
     ev = s.evaluator.model_copy(update={"min_samples": args.min_samples})
     if args.max_samples is not None:
