@@ -203,6 +203,9 @@ def parse() -> argparse.Namespace:
     )
     ap.add_argument("--credit", default="task", choices=("task", "attempt"))
     ap.add_argument("--load", type=float, default=None, help="default: the shift profile's")
+    ap.add_argument(
+        "--replace-challenger", action="store_true", help="every round replaces the challenger"
+    )
     ap.add_argument("--every-n", type=int, default=1000)
     ap.add_argument("--window", type=int, default=5000)
     ap.add_argument("--lr", type=float, default=1e-4)
@@ -246,6 +249,7 @@ def main() -> None:
         finetune=ft,
         evaluator=ev,
         explore_share=args.explore_share,
+        replace_challenger=args.replace_challenger,
     )
     wl = replace(s.sim.workload, workflows=args.workflows)
     if args.load is not None:
@@ -254,6 +258,7 @@ def main() -> None:
     events: list[dict[str, Any]] = []
     runs: list[dict[str, Any]] = []
     promoted: dict[int, GNNScheduler] = {}
+    latest: dict[int, GNNScheduler] = {}  # each seed's last learner version, promoted or not
     shift_at: dict[int, float] = {}
     for seed in range(args.seeds):
         base = replace(s.sim, workload=wl, shift=None)
@@ -271,6 +276,9 @@ def main() -> None:
                     events += events_doc(seed, loop.events, arrivals)
                     if loop.champion != "v1":
                         promoted[seed] = loop.versions[loop.champion]
+                    last = max(loop.versions, key=lambda v: int(v[1:]))
+                    if last != "v1":
+                        latest[seed] = loop.versions[last]
             results[arm].append(res)
             wall = time.perf_counter() - t1
             runs.append({"seed": seed, "arm": arm, "wall_s": round(wall, 1), "shift_at_s": at})
@@ -309,6 +317,15 @@ def main() -> None:
         for m in ("sla", "mean_jct_s", "oom_kills")
     }
     ho["promoted_per_seed"] = tuned  # type: ignore[assignment]
+    # what the learner had made by the end, promoted or not (a diagnostic, not a target)
+    last = {
+        k: held_out(replace(s.sim, workload=wl), {"p": v}, seeds, args.held_out_workflows)["p"]
+        for k, v in latest.items()
+    }
+    ho["latest"] = {
+        m: float(np.mean([t[m] for t in last.values()])) if last else None
+        for m in ("sla", "mean_jct_s", "oom_kills")
+    }
     summary["held_out"] = ho
     pool = aa_pool(s.sim, [AA_SEED], args.aa_workflows)
     aa = aa_rate(pool, rule_from(ev), args.share, args.aa_runs)
