@@ -21,7 +21,8 @@ mean reward) of the frozen champion in the faithful, unshifted world, drawn at r
     .venv/bin/python bench/online_shift.py [--quick] [--json] [--seeds 3] [--workflows 2000]
         [--shift-at 0.1] [--share 0.3] [--explore-share 0.3] [--every-n 8000] [--window 8000]
         [--lr 1e-3] [--epochs 8] [--target-kl 0.2] [--ent-coef 0.01] [--clip 0.2]
-        [--min-samples 100] [--max-samples 300] [--replace-challenger] [--load L] [--out DIR]
+        [--min-samples 100] [--max-samples 300] [--replace-challenger] [--keep-learning]
+        [--load L] [--out DIR]
 
 The defaults are the fine-tuning settings that closed the gap offline (`bench/shift_gap.py`)
 with an exploration slice to learn from, and a challenger budget so a futile test ends
@@ -212,6 +213,11 @@ def parse() -> argparse.Namespace:
     ap.add_argument(
         "--replace-challenger", action="store_true", help="every round replaces the challenger"
     )
+    ap.add_argument(
+        "--keep-learning",
+        action="store_true",
+        help="simulator only: shadows keep learning while a challenger is under test",
+    )
     ap.add_argument("--every-n", type=int, default=8000)
     ap.add_argument("--window", type=int, default=8000)
     ap.add_argument("--lr", type=float, default=1e-3)
@@ -256,6 +262,7 @@ def main() -> None:
         evaluator=ev,
         explore_share=args.explore_share,
         replace_challenger=args.replace_challenger,
+        keep_learning=args.keep_learning,
     )
     wl = replace(s.sim.workload, workflows=args.workflows)
     if args.load is not None:
