@@ -284,7 +284,9 @@ def main() -> None:
             if arm == "heft_history":
                 res = play_policy(sc, seed, args.workflows, arm)
             else:
-                res, loop = play_loop(sc, seed, args.workflows, replace(cfg, learn=arm == "loop"))
+                # the frozen arm is the champion alone: no learner, and no exploration slice
+                alone = replace(cfg, learn=False, explore_share=0.0)
+                res, loop = play_loop(sc, seed, args.workflows, cfg if arm == "loop" else alone)
                 if arm == "loop":
                     events += events_doc(seed, loop.events, arrivals)
                     if loop.champion != "v1":
