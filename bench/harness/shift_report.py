@@ -104,6 +104,10 @@ def table(doc: dict) -> None:
     held = [ho["frozen"], ho["promoted"], ho["heft_history"]]
     t.add_row("held-out SLA (loop: promoted)", *(f(h["sla"]) for h in held))
     t.add_row("held-out mean JCT s", *(f(h["mean_jct_s"], ".0f") for h in held))
+    if ho.get("latest", {}).get("sla") is not None:
+        late = ho["latest"]
+        t.add_row("held-out, learner's last version", "", f(late["sla"]), "")
+        t.add_row("  its mean JCT s", "", f(late["mean_jct_s"], ".0f"), "")
     c = Console()
     c.print(t)
     c.print(

@@ -12,7 +12,9 @@
   replay window, starting from the current challenger when its parent is the current champion,
   else from the champion (the KL limit is to the champion), and the result becomes the
   challenger. As in the services, a due round waits while a challenger is under test, unless
-  `replace_challenger` (then every round replaces it and restarts the test).
+  `replace_challenger` (then every round replaces it and restarts the test) or, in the
+  simulator only, `keep_learning` (then it improves a shadow, which explores, and the latest
+  shadow is the next challenger when the test ends).
 - **Evaluator.** One `Sample` per finished workflow (SLA met, mean reward, arm and version of its
   first decided task) goes to a `Judge`; promote makes the challenger champion (the old one
   becomes previous), retire drops the challenger, rollback restores the previous champion.
@@ -60,6 +62,11 @@ class LoopConfig:
     # the champion while there is none, with sampled actions: the learner's exploration. Not
     # judged; when > 0 the learner fine-tunes on these workflows' attempts only
     explore_share: float = 0.0
+    # simulator only, the services do not have it (README "The shifted world"): while a
+    # challenger is under test, due rounds go on improving a shadow of the champion, which
+    # serves the exploration slice (so what the learner learns from stays on-policy); when
+    # the test ends, the latest shadow becomes the next challenger at once
+    keep_learning: bool = False
 
 
 @dataclass
@@ -99,6 +106,7 @@ class SimLoop:
         self.parent: dict[str, str | None] = {champion.version: None}
         self.champion = champion.version
         self.challenger: str | None = None
+        self.shadow: str | None = None  # keep_learning: the learner's latest, not under test
         self.previous: str | None = None
         self.window: deque[Joined] = deque(maxlen=cfg.window)
         self.completed = 0
@@ -123,6 +131,8 @@ class SimLoop:
             due = self.cfg.learn and self.completed >= self.cfg.every_n and self.window
             if due and (self.challenger is None or self.cfg.replace_challenger):
                 self._round(sim.now)
+            elif due and self.cfg.keep_learning:
+                self._round(sim.now, shadow=True)
         for run in sim.active.values():  # in flight at the end: arm and version of first task
             wf = run.wf
             if wf.id not in self.workflows:
@@ -143,7 +153,9 @@ class SimLoop:
 
     def _server(self, arm: str) -> tuple[str, GNNScheduler]:
         """The version serving `arm`, and its scheduler (sampling, for the explore arm)."""
-        if arm == "champion" or (arm == "explore" and self.challenger is None):
+        if arm == "explore" and self.shadow is not None:
+            version = self.shadow
+        elif arm == "champion" or (arm == "explore" and self.challenger is None):
             version = self.champion
         else:
             assert self.challenger is not None
@@ -242,11 +254,20 @@ class SimLoop:
                 self.champion, self.previous = self.previous, None
         self.judge.versions(self.champion, self.challenger)
         self.events.append(LoopEvent(now, action, version, self.champion, detail))
+        if self.shadow is not None and self.challenger is None and action != "rollback":
+            # keep_learning: the test is over; the latest shadow is tested next
+            shadow, self.shadow = self.shadow, None
+            self.parent[shadow] = self.champion
+            self.challenger = shadow
+            self.judge.versions(self.champion, shadow)
+            self.events.append(LoopEvent(now, "challenger", shadow, self.champion, {}))
 
     # -- the learner's round ------------------------------------------------------------------
 
-    def _round(self, now: float) -> None:
-        chall = self.challenger
+    def _round(self, now: float, shadow: bool = False) -> None:
+        """Fine-tune a new version: the challenger (replacing one under test only with
+        `replace_challenger`), or with `shadow` the learner's next shadow (`keep_learning`)."""
+        chall = self.shadow or self.challenger
         base = chall if chall is not None and self.parent[chall] == self.champion else None
         champion = self.versions[self.champion]
         window = learning_window(self.window, self.cfg.explore_share > 0)
@@ -261,8 +282,13 @@ class SimLoop:
         version = f"v{len(self.versions) + 1}"
         self.versions[version] = GNNScheduler(result.model, champion.normalizer, version)
         self.parent[version] = self.champion
-        self.challenger = version
         self.completed = 0
-        self.judge.versions(self.champion, version)
+        if shadow:
+            self.shadow = version
+        else:
+            self.challenger, self.shadow = version, None
+            self.judge.versions(self.champion, version)
         detail = {"from": base or self.champion, "transitions": len(window), **result.metrics}
+        if shadow:
+            detail["shadow"] = True
         self.events.append(LoopEvent(now, "round", version, self.champion, detail))

@@ -144,3 +144,26 @@ def test_the_exploration_slice_samples_feeds_the_learner_and_is_not_judged(
     assert any(j.arm == "explore" for j in loop.window)
     assert not loop._explorers["v1"].deterministic  # the champion, sampling
     assert judged and "explore" not in judged  # outcomes judged: the champion's only
+
+
+def test_keep_learning_trains_shadows_during_a_test_and_tests_the_latest_next(
+    champion: GNNScheduler,
+) -> None:
+    # no verdict within the run: the first challenger stays under test while shadows follow
+    ev = LoopConfig().evaluator.model_copy(update={"min_samples": 10**6})
+    cfg = LoopConfig(
+        share=0.3, explore_share=0.4, every_n=40, finetune=FAST, evaluator=ev, keep_learning=True
+    )
+    loop, _ = _run(champion, cfg)
+    rounds = [e for e in loop.events if e.kind == "round"]
+    assert len(rounds) >= 3 and loop.challenger == "v2"
+    assert not rounds[0].detail.get("shadow") and all(e.detail["shadow"] for e in rounds[1:])
+    # each shadow starts from the one before (learning carries on), the first from the challenger
+    assert [e.detail["from"] for e in rounds[1:]] == [e.version for e in rounds[:-1]]
+    assert loop.shadow == rounds[-1].version
+    assert loop._server("explore")[0] == loop.shadow  # the shadow explores, on-policy
+    assert loop._server("challenger")[0] == "v2"
+    # the test ends: the latest shadow is the next challenger at once
+    loop.act(99.0, "retire", Verdict("retire", "futile", "rule", {}))
+    assert loop.challenger == rounds[-1].version and loop.shadow is None
+    assert [e.kind for e in loop.events[-2:]] == ["retire", "challenger"]
