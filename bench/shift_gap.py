@@ -95,11 +95,11 @@ def evaluate(sched: GNNScheduler, sc: ScenarioConfig, seeds: list[int]) -> dict[
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", default="shift")
-    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--train-workflows", type=int, default=150)
     ap.add_argument("--eval-seeds", type=int, default=3)
     ap.add_argument("--eval-workflows", type=int, default=150)
-    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--epochs", type=int, default=8)
     ap.add_argument("--target-kl", type=float, default=0.2)
     ap.add_argument("--ent-coef", type=float, default=0.01, help="entropy bonus of PPO")

@@ -5,7 +5,7 @@ in a fresh demo registry) and a `daemon.challenger_share` slice of workflows to 
 the learner fine-tuning shadows from the decision logs; the A/B evaluator judging them; and the
 simulator replaying workflows through Kafka. Halfway through the workload (by arrival time) the
 world shifts, unannounced (`sim.shift`: the settings' shift effects, else `PRODUCTION_SHIFT`):
-the retry after an OOM kill pays a long restart and memory peaks spread wider, which the
+the retry after an OOM kill pays a long restart (an hour in `PRODUCTION_SHIFT`), which the
 observation does not show until outcomes do. The closing story compares the same workload in
 the simulator under the frozen shipped champion and `heft_history`.
 
