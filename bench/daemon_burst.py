@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from harness.kafka_io import Reader, heartbeats, producer, publish, workload
+from harness.in_process import champion_daemon, prepare
+from harness.kafka_io import Reader, producer, publish, workload
 from harness.stack import local_stack
 from rich.console import Console
 from rich.table import Table
@@ -48,13 +49,7 @@ async def wait_for(done: Any, timeout: float, what: str) -> None:
 
 
 async def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
-    import redis.asyncio as aioredis
-
-    from dagsched.daemon.broker import ensure_topics
-    from dagsched.daemon.redis_state import RedisState
-    from dagsched.daemon.service import Daemon, set_torch_threads
-    from dagsched.policy.bundle import load_bundle
-    from dagsched.registry.store import SHIPPED_CHAMPION
+    from dagsched.daemon.service import set_torch_threads
     from dagsched.schemas.messages import TaskReadyMsg
     from dagsched.sim.config import ScenarioConfig
     from dagsched.sim.runner import stream_workflows
@@ -64,21 +59,11 @@ async def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     rows = []
     async with local_stack("redis://127.0.0.1:1/0", name="burst", private_redis=True) as st:
         s = st.settings
-        await ensure_topics(s)
-        rds = aioredis.from_url(s.redis_url)
-        rs = RedisState(rds, s)
-        for hb in heartbeats():
-            await rs.apply_event(hb)
+        rds = await prepare(s)
         p = producer(s)
         reader = Reader(s)
         set_torch_threads(s)
-        champion = load_bundle(SHIPPED_CHAMPION, "v1")
-        d = Daemon(
-            s,
-            freeze_gc=True,
-            loader=lambda _s, arm: ("v1", champion) if arm == "champion" else None,
-            version_of=lambda _s, arm: "v1" if arm == "champion" else None,
-        )
+        d = champion_daemon(s)
         task = asyncio.create_task(d.async_run())
         try:
             wfs, ready = workload(WARMUP_TASKS, "warm", seed=1)

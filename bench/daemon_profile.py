@@ -28,7 +28,8 @@ import time
 from collections import defaultdict
 from typing import Any
 
-from harness.kafka_io import heartbeats, producer, publish, workload
+from harness.in_process import champion_daemon, prepare
+from harness.kafka_io import producer, publish, workload
 from harness.stack import local_stack
 from harness.throughput_report import cpu_seconds
 
@@ -80,39 +81,20 @@ class Steps:
 
 
 async def run(args: argparse.Namespace) -> None:
-    import redis.asyncio as aioredis
 
     import dagsched.daemon.batch as batch_mod
-    from dagsched.daemon.broker import ensure_topics
-    from dagsched.daemon.redis_state import RedisState
     from dagsched.daemon.service import Daemon, set_torch_threads
 
     async with local_stack("redis://127.0.0.1:1/0", name="profile", private_redis=True) as st:
         s = st.settings
-        await ensure_topics(s)
-        rds = aioredis.from_url(s.redis_url)
-        rs = RedisState(rds, s)
-        for hb in heartbeats():
-            await rs.apply_event(hb)
+        rds = await prepare(s)
         wfs, ready = workload(args.tasks, "b", seed=1)
         p = producer(s)
         await asyncio.to_thread(publish, p, s.topic("tasks"), wfs)
         await asyncio.to_thread(publish, p, s.topic("tasks"), [(k, v) for _, k, v in ready])
         print(f"published {len(ready):,} tasks of {len(wfs):,} workflows")
         set_torch_threads(s)
-        if args.gnn:
-            from dagsched.policy.bundle import load_bundle
-            from dagsched.registry.store import SHIPPED_CHAMPION
-
-            champion = load_bundle(SHIPPED_CHAMPION, "v1")
-            d = Daemon(
-                s,
-                freeze_gc=True,
-                loader=lambda _s, arm: ("v1", champion) if arm == "champion" else None,
-                version_of=lambda _s, arm: "v1" if arm == "champion" else None,
-            )
-        else:
-            d = Daemon(s, registry=False, freeze_gc=True)
+        d = champion_daemon(s) if args.gnn else Daemon(s, registry=False, freeze_gc=True)
         steps = Steps()
         if args.steps:
             steps.wrap(d.batches, "_fetch", "fetch")
