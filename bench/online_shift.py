@@ -46,10 +46,10 @@ from typing import Any
 
 import numpy as np
 import torch
+from harness.finetune_args import add_finetune_args, finetune_config
 from harness.shift_report import plot, summarize_arm, table
 
 from dagsched.learner.evaluation import rule_from
-from dagsched.learner.online import FinetuneConfig
 from dagsched.learner.sequential import ABTest, DecisionRule
 from dagsched.learner.sim_loop import LoopConfig, LoopEvent, SimLoop, WorkflowResult
 from dagsched.policy.api import SchedulerPolicy
@@ -208,7 +208,6 @@ def parse() -> argparse.Namespace:
     ap.add_argument(
         "--explore-share", type=float, default=0.3, help="workflows served sampled, to learn from"
     )
-    ap.add_argument("--credit", default="task", choices=("task", "attempt"))
     ap.add_argument("--load", type=float, default=None, help="default: the shift profile's")
     ap.add_argument(
         "--replace-challenger", action="store_true", help="every round replaces the challenger"
@@ -220,16 +219,12 @@ def parse() -> argparse.Namespace:
     )
     ap.add_argument("--every-n", type=int, default=8000)
     ap.add_argument("--window", type=int, default=8000)
-    ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--epochs", type=int, default=8)
-    ap.add_argument("--target-kl", type=float, default=0.2)
-    ap.add_argument("--ent-coef", type=float, default=0.01, help="entropy bonus of PPO")
-    ap.add_argument("--clip", type=float, default=0.2, help="PPO's ratio clip")
     ap.add_argument("--min-samples", type=int, default=100)
     ap.add_argument("--max-samples", type=int, default=300, help="challenger workflows")
     ap.add_argument("--bucket-workflows", type=int, default=100)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
+    add_finetune_args(ap, lr=1e-3)
     args = ap.parse_args()
     if args.quick:
         args.seeds, args.workflows, args.held_out = 2, 700, 2
@@ -243,14 +238,7 @@ def main() -> None:
     t0 = time.perf_counter()
     s = load_settings(profile="shift")
     assert s.sim.shift is not None
-    ft = FinetuneConfig(
-        learning_rate=args.lr,
-        update_epochs=args.epochs,
-        target_kl=args.target_kl,
-        credit=args.credit,
-        ent_coef=args.ent_coef,
-        clip_coef=args.clip,
-    )
+    ft = finetune_config(args)
     ev = s.evaluator.model_copy(update={"min_samples": args.min_samples})
     if args.max_samples is not None:
         ev = ev.model_copy(update={"max_samples": args.max_samples})

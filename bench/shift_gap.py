@@ -29,8 +29,9 @@ from typing import Any
 
 import numpy as np
 import torch
+from harness.finetune_args import add_finetune_args, finetune_config
 
-from dagsched.learner.online import FinetuneConfig, finetune_heads
+from dagsched.learner.online import finetune_heads
 from dagsched.learner.sim_loop import LoopConfig, SimLoop
 from dagsched.policy.api import SchedulerPolicy
 from dagsched.policy.batching import collate
@@ -99,14 +100,9 @@ def main() -> None:
     ap.add_argument("--train-workflows", type=int, default=150)
     ap.add_argument("--eval-seeds", type=int, default=3)
     ap.add_argument("--eval-workflows", type=int, default=150)
-    ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--epochs", type=int, default=8)
-    ap.add_argument("--target-kl", type=float, default=0.2)
-    ap.add_argument("--ent-coef", type=float, default=0.01, help="entropy bonus of PPO")
-    ap.add_argument("--clip", type=float, default=0.2, help="PPO's ratio clip")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--credit", default="task", choices=("task", "attempt"))
     ap.add_argument("--out", type=Path, default=Path("bench/results/shift_gap.json"))
+    add_finetune_args(ap, lr=2e-3)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     s = load_settings(profile=args.profile)
@@ -118,14 +114,7 @@ def main() -> None:
     )
     eval_sc = replace(train_sc, workload=replace(s.sim.workload, workflows=args.eval_workflows))
     seeds = [EVAL_SEED + i for i in range(args.eval_seeds)]
-    ft = FinetuneConfig(
-        learning_rate=args.lr,
-        update_epochs=args.epochs,
-        target_kl=args.target_kl,
-        credit=args.credit,
-        ent_coef=args.ent_coef,
-        clip_coef=args.clip,
-    )
+    ft = finetune_config(args)
     t0 = time.perf_counter()
     champion = load_bundle(CHAMPION, "v1")
     frozen = evaluate(champion, eval_sc, seeds)
