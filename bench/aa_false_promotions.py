@@ -2,7 +2,7 @@
 with the default decision rule, the default 10% challenger share and a verdict checked every
 10 challenger workflows, until the test decides (budget included). Also the power against
 a clearly better challenger. A pure simulation of per-workflow outcomes (SLA Bernoulli,
-reward normal), so it is cheap; the rule is `dagsched.learner.sequential` itself.
+reward and speed normal), so it is cheap; the rule is `dagsched.learner.sequential` itself.
 
     .venv/bin/python bench/aa_false_promotions.py [--runs 200] [--share 0.1]
 """
@@ -23,6 +23,7 @@ from dagsched.learner.sequential import ABTest, DecisionRule
 from dagsched.service_config import EvaluatorSettings
 
 BASE_SLA, BASE_REWARD, REWARD_SD = 0.8, -0.5, 0.2
+BASE_SPEED, SPEED_SD = 0.6, 0.4  # -log(JCT / deadline), as the frozen champion's
 
 
 def one_run(seed: int, rule: DecisionRule, share: float, sla_c: float) -> tuple[str, int]:
@@ -37,6 +38,7 @@ def one_run(seed: int, rule: DecisionRule, share: float, sla_c: float) -> tuple[
             "challenger" if challenger else "champion",
             float(rng.random() < p),
             float(rng.normal(BASE_REWARD, REWARD_SD)),
+            float(rng.normal(BASE_SPEED, SPEED_SD)),
         )
         if challenger:
             n_c += 1

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from shift_probe import with_margin
 
-from dagsched.learner.evaluation import rule_from
+from dagsched.learner.evaluation import Sample, rule_from
 from dagsched.learner.sequential import ABTest
 from dagsched.learner.sim_loop import LoopConfig, SimLoop
 from dagsched.policy.bundle import load_bundle
@@ -36,18 +36,11 @@ from dagsched.sim.runner import stream_workflows
 CHAMPION = Path(__file__).resolve().parent.parent / "models" / "champion"
 
 
-def pool(sched: GNNScheduler, sc: ScenarioConfig, seed: int, n: int) -> list[tuple[float, float]]:
-    """(SLA met, mean reward) per finished workflow of `sched` alone."""
+def pool(sched: GNNScheduler, sc: ScenarioConfig, seed: int, n: int) -> list[Sample]:
+    """The judge's sample of every finished workflow of `sched` alone."""
     loop = SimLoop(sched, LoopConfig(learn=False), seed=seed)
     loop.run(Simulator(sc, stream_workflows(sc, seed, n), seed=seed))
-    rewards: dict[str, list[float]] = {}
-    for j in loop.window:
-        rewards.setdefault(j.workflow_id, []).append(j.reward)
-    return [
-        (float(w.met), float(np.mean(rewards[w.workflow_id])))
-        for w in loop.workflows.values()
-        if w.end_s is not None and w.workflow_id in rewards
-    ]
+    return loop.samples
 
 
 def main() -> None:
@@ -66,9 +59,12 @@ def main() -> None:
     a = pool(champion, sc, args.seed, args.workflows)
     b = pool(with_margin(champion, args.margin), sc, args.seed, args.workflows)
     for name, p in (("frozen", a), (f"margin {args.margin:+g}", b)):
-        x = np.array(p)
-        sla, rew = x[:, 0].mean(), x[:, 1].mean()
-        print(f"{name}: SLA {sla:.3f}, mean reward {rew:.3f} (sd {x[:, 1].std():.3f})")
+        x = np.array([(v.sla, v.reward, v.speed) for v in p])
+        (sla, rew, spd), sd = x.mean(0), x.std(0)
+        print(
+            f"{name}: SLA {sla:.3f}, mean reward {rew:.3f} (sd {sd[1]:.3f}), "
+            f"speed {spd:.3f} (sd {sd[2]:.3f})"
+        )
     rule = rule_from(s.evaluator.model_copy(update={"min_samples": args.min_samples}))
     for share in (float(v) for v in args.shares.split(",")):
         decided: list[tuple[str, int]] = []
@@ -78,7 +74,8 @@ def main() -> None:
             while True:
                 chall = rng.random() < share
                 src = b if chall else a
-                test.add("challenger" if chall else "champion", *src[rng.integers(len(src))])
+                x = src[rng.integers(len(src))]
+                test.add("challenger" if chall else "champion", x.sla, x.reward, x.speed)
                 if chall:
                     n_c += 1
                     if n_c % 10 == 0 and (v := test.verdict()).decision != "continue":

@@ -49,7 +49,7 @@ import torch
 from harness.finetune_args import add_finetune_args, finetune_config
 from harness.shift_report import plot, summarize_arm, table
 
-from dagsched.learner.evaluation import rule_from
+from dagsched.learner.evaluation import Sample, rule_from
 from dagsched.learner.sequential import ABTest, DecisionRule
 from dagsched.learner.sim_loop import LoopConfig, LoopEvent, SimLoop, WorkflowResult
 from dagsched.policy.api import SchedulerPolicy
@@ -131,19 +131,17 @@ def held_out(
 
 
 def aa_rate(
-    samples: Sequence[tuple[float, float]], rule: DecisionRule, share: float, runs: int
+    samples: Sequence[Sample], rule: DecisionRule, share: float, runs: int
 ) -> dict[str, float]:
     """Share of A/A tests that promote, each fed with `samples` drawn at random."""
-    sla = np.array([s for s, _ in samples])
-    reward = np.array([r for _, r in samples])
     promoted, seen = 0, []
     for seed in range(runs):
         rng = np.random.default_rng(AA_SEED + seed)
         test, n_c = ABTest(rule), 0
         while True:
-            i = int(rng.integers(len(sla)))
+            x = samples[int(rng.integers(len(samples)))]
             challenger = rng.random() < share
-            test.add("challenger" if challenger else "champion", float(sla[i]), float(reward[i]))
+            test.add("challenger" if challenger else "champion", x.sla, x.reward, x.speed)
             if challenger:
                 n_c += 1
                 if n_c % 10 == 0 and (v := test.verdict()).decision != "continue":
@@ -156,21 +154,16 @@ def aa_rate(
         "rate": promoted / runs,
         "mean_challenger_workflows": float(np.mean(seen)),
         "pool_workflows": len(samples),
-        "pool_sla": float(sla.mean()),
+        "pool_sla": float(np.mean([x.sla for x in samples])),
     }
 
 
-def aa_pool(sc: ScenarioConfig, seeds: Sequence[int], n: int) -> list[tuple[float, float]]:
-    """(SLA met, mean reward) per workflow of the frozen champion, unshifted world."""
-    pool = []
+def aa_pool(sc: ScenarioConfig, seeds: Sequence[int], n: int) -> list[Sample]:
+    """The judge's sample of every workflow of the frozen champion, unshifted world."""
+    pool: list[Sample] = []
     for seed in seeds:
         _, loop = play_loop(replace(sc, shift=None), seed, n, LoopConfig(learn=False))
-        rewards: dict[str, list[float]] = {}
-        for j in loop.window:
-            rewards.setdefault(j.workflow_id, []).append(j.reward)
-        for w in loop.workflows.values():
-            if w.end_s is not None and w.workflow_id in rewards:
-                pool.append((float(w.met), float(np.mean(rewards[w.workflow_id]))))
+        pool += loop.samples
     return pool
 
 

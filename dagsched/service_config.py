@@ -157,6 +157,8 @@ class EvaluatorSettings(_Strict):
     tau_reward: float = Field(default=0.05, gt=0)  # mixing-prior sd of the reward difference
     min_effect_sla: float = Field(default=0.02, ge=0)
     min_effect_reward: float = Field(default=0.01, ge=0)
+    tau_speed: float = Field(default=0.1, gt=0)  # mixing-prior sd of the speed difference
+    min_effect_speed: float = Field(default=0.03, ge=0)  # -log(JCT/deadline): ~3% sooner
     outcome_timeout_s: float = Field(default=600.0, gt=0)
     guardrail_window: int = Field(default=200, ge=2)  # new-champion workflows watched
     lease_ttl_s: float = Field(default=10.0, gt=0)

@@ -3,11 +3,13 @@ test, the guardrail after a promotion, and the Redis lease that lets one evaluat
 
 A workflow is one sample: SLA 1 when every task finished by `arrival + deadline`, 0 when it
 failed (a task failed more than its `max_retries` times) or finished late; reward = mean reward of
-its attempts. Workflows are counted for the arm and version that decided their first task.
+its attempts; speed = `workflow_speed`, -log(JCT / deadline). Workflows are counted for the arm
+and version that decided their first task.
 """
 
 from __future__ import annotations
 
+import math
 import secrets
 import time
 from collections.abc import Callable
@@ -20,6 +22,8 @@ from dagsched.learner.online import Joined, OutcomeJoiner
 from dagsched.learner.sequential import ABTest, DecisionRule, Running, Verdict, compare
 from dagsched.service_config import EvaluatorSettings
 
+FAILED_JCT_RATIO = 2.0  # a failed workflow's speed counts it at least twice its deadline
+
 
 def rule_from(cfg: EvaluatorSettings) -> DecisionRule:
     """The decision rule from the evaluator settings."""
@@ -27,9 +31,23 @@ def rule_from(cfg: EvaluatorSettings) -> DecisionRule:
         alpha=cfg.alpha,
         min_samples=cfg.min_samples,
         max_samples=cfg.max_samples,
-        tau={"sla": cfg.tau_sla, "reward": cfg.tau_reward},
-        min_effect={"sla": cfg.min_effect_sla, "reward": cfg.min_effect_reward},
+        tau={"sla": cfg.tau_sla, "reward": cfg.tau_reward, "speed": cfg.tau_speed},
+        min_effect={
+            "sla": cfg.min_effect_sla,
+            "reward": cfg.min_effect_reward,
+            "speed": cfg.min_effect_speed,
+        },
     )
+
+
+def workflow_speed(jct_s: float, deadline_s: float, failed: bool) -> float:
+    """-log(JCT / deadline): 0 for a workflow that took its whole deadline, log 2 for one done
+    in half of it. A failed workflow counts as taking at least `FAILED_JCT_RATIO` deadlines,
+    however early it failed."""
+    ratio = max(jct_s, 1e-3) / max(deadline_s, 1e-9)
+    if failed:
+        ratio = max(ratio, FAILED_JCT_RATIO)
+    return -math.log(ratio)
 
 
 @dataclass
@@ -52,6 +70,7 @@ class Sample:
     version: str
     sla: float
     reward: float
+    speed: float  # workflow_speed
 
 
 class WorkflowOutcomes:
@@ -79,8 +98,13 @@ class WorkflowOutcomes:
         if not t.failed and len(t.done) < info.wf.size:
             return None
         del self.tallies[j.workflow_id]
-        met = not t.failed and t.last_end <= info.wf.arrival_s + info.wf.deadline_s
-        return Sample(j.workflow_id, t.arm, t.version, float(met), sum(t.rewards) / len(t.rewards))
+        wf = info.wf
+        end = max(t.last_end, j.end_at)
+        met = not t.failed and t.last_end <= wf.arrival_s + wf.deadline_s
+        speed = workflow_speed(end - wf.arrival_s, wf.deadline_s, t.failed)
+        return Sample(
+            j.workflow_id, t.arm, t.version, float(met), sum(t.rewards) / len(t.rewards), speed
+        )
 
 
 Action = tuple[str, Verdict]  # ("promote" | "retire" | "rollback", why)
@@ -143,7 +167,7 @@ class Judge:
         arm = {self.champion: "champion", self.challenger: "challenger"}.get(s.version)
         if arm is None or self.challenger is None:
             return None
-        self.test.add(arm, s.sla, s.reward)
+        self.test.add(arm, s.sla, s.reward, s.speed)
         if self.test.arms[arm]["sla"].n % 10:
             return None  # the test is valid at any time; checking every 10th sample is cheaper
         v = self.test.verdict()

@@ -12,8 +12,11 @@ and `Lambda < 1/a` inverts into a confidence sequence `d +- w` with
     w = sqrt(2 V (V + tau^2) / tau^2 * (log(1/a) + log((V + tau^2) / V) / 2)),
 
 valid at every sample size simultaneously, so the evaluator may look after every outcome.
-Each of the two metrics gets `a = alpha / 2` (Bonferroni), so the chance that an A/A test
-ever declares any difference is at most `alpha`.
+Each of the three metrics (`METRICS`: SLA met, mean attempt reward, speed) gets
+`a = alpha / 3` (Bonferroni), so the chance that an A/A test ever declares any difference is
+at most `alpha`. Speed is `-log(JCT / deadline)`: SLA's continuous version, which tells a
+challenger that finishes workflows 10% sooner from the champion in a fraction of the
+workflows a pass/fail count needs (README "How fast the judge can tell").
 
 The rule (`decide`), checked only once both arms have `min_samples`:
 
@@ -31,7 +34,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 Decision = Literal["promote", "retire", "continue"]
-METRICS: tuple[str, ...] = ("sla", "reward")
+METRICS: tuple[str, ...] = ("sla", "reward", "speed")
 
 
 @dataclass
@@ -60,8 +63,12 @@ class DecisionRule:
     alpha: float = 0.05
     min_samples: int = 100
     max_samples: int = 5000
-    tau: dict[str, float] = field(default_factory=lambda: {"sla": 0.05, "reward": 0.05})
-    min_effect: dict[str, float] = field(default_factory=lambda: {"sla": 0.02, "reward": 0.01})
+    tau: dict[str, float] = field(
+        default_factory=lambda: {"sla": 0.05, "reward": 0.05, "speed": 0.1}
+    )
+    min_effect: dict[str, float] = field(
+        default_factory=lambda: {"sla": 0.02, "reward": 0.01, "speed": 0.03}
+    )
     var_floor: float = 1e-4  # keeps V > 0 while an arm's outcomes are all equal
 
     def describe(self) -> str:
@@ -153,10 +160,11 @@ class ABTest:
             arm: {m: Running() for m in METRICS} for arm in ("champion", "challenger")
         }
 
-    def add(self, arm: str, sla: float, reward: float) -> None:
+    def add(self, arm: str, sla: float, reward: float, speed: float) -> None:
         metrics = self.arms[arm]
         metrics["sla"].add(sla)
         metrics["reward"].add(reward)
+        metrics["speed"].add(speed)
 
     def verdict(self) -> Verdict:
         return decide(self.arms["champion"], self.arms["challenger"], self.rule)

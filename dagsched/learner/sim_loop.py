@@ -34,7 +34,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from dagsched.learner.evaluation import Judge, Sample, rule_from
+from dagsched.learner.evaluation import Judge, Sample, rule_from, workflow_speed
 from dagsched.learner.online import FinetuneConfig, Joined, finetune_heads, learning_window
 from dagsched.policy.scheduler import GNNScheduler
 from dagsched.schemas.ab import workflow_bucket
@@ -114,6 +114,7 @@ class SimLoop:
         self.judge.versions(self.champion, None)
         self.workflows: dict[str, WorkflowResult] = {}
         self.events: list[LoopEvent] = []
+        self.samples: list[Sample] = []  # one per finished workflow, as the judge sees it
         # decided attempts: reward, outcome and end time are filled in when they end
         self._decided: dict[tuple[str, int, int], Joined] = {}
         self._rewards: dict[str, list[float]] = {}
@@ -230,7 +231,11 @@ class SimLoop:
         rewards = self._rewards.pop(wf.id)
         for other in t.run.tasks:  # cancelled attempts never report
             self._decided.pop((wf.id, other.idx, other.attempt), None)
-        sample = Sample(wf.id, res.arm, res.version, float(res.met), sum(rewards) / len(rewards))
+        speed = workflow_speed(now - res.arrival_s, res.due_s - res.arrival_s, wf_failed)
+        sample = Sample(
+            wf.id, res.arm, res.version, float(res.met), sum(rewards) / len(rewards), speed
+        )
+        self.samples.append(sample)
         if self.cfg.learn and res.arm != "explore":
             action = self.judge.add(sample)
             if action is not None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import numpy as np
+import pytest
 
 from dagsched.learner.evaluation import Judge, Sample, WorkflowOutcomes
 from dagsched.learner.online import Joined, OutcomeJoiner
@@ -39,18 +41,21 @@ def test_a_workflow_is_one_sample_when_all_tasks_finish_or_one_fails_for_good() 
     assert outcomes.add(_joined("wf-1", 0, 10)) is None
     s = outcomes.add(_joined("wf-1", 1, 60))
     assert s is not None and (s.sla, s.arm, s.version) == (0.0, "challenger", "v2")  # late
+    assert s.speed == pytest.approx(-math.log(60 / 50))  # -log(JCT / deadline)
     # max_retries=2: two failures are retried, the third ends the workflow (as in the simulator)
     assert outcomes.add(_joined("wf-2", 0, 5, failed=True)) is None
     assert outcomes.add(_joined("wf-2", 0, 7, failed=True, attempt=1)) is None
     s = outcomes.add(_joined("wf-2", 0, 9, failed=True, attempt=2))
     assert s is not None and s.sla == 0.0 and s.reward == -0.5
+    assert s.speed == pytest.approx(-math.log(2))  # failed early: counted as 2 deadlines
     # the exploration slice is sampled, for the learner: never a sample for the A/B test
     explored = [replace(_joined("wf-1", t, 10), arm="explore") for t in (0, 1)]
     assert [outcomes.add(j) for j in explored] == [None, None]
 
 
 def _feed(judge: Judge, rng: np.random.Generator, version: str, p: float) -> str | None:
-    s = Sample("wf", "x", version, float(rng.random() < p), float(rng.normal(-0.5, 0.1)))
+    met = float(rng.random() < p)
+    s = Sample("wf", "x", version, met, float(rng.normal(-0.5, 0.1)), float(rng.normal(0.5, 1)))
     action = judge.add(s)
     return action[0] if action else None
 
