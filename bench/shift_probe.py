@@ -90,13 +90,14 @@ def main() -> None:
     ap.add_argument("--workflows", type=int, default=150)
     ap.add_argument("--margins", default="0.3,0.6", help="comma-separated b; '' for none")
     ap.add_argument("--policies", default="heft_history", help="baselines, comma-separated")
+    ap.add_argument("--champion", type=Path, default=CHAMPION, help="a model bundle folder")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     torch.set_num_threads(1)
     sc = scenario(args)
     seeds = [args.seed0 + i for i in range(args.seeds)]
-    champion = load_bundle(CHAMPION, "v1")
+    champion = load_bundle(args.champion, "v1")
     arms: dict[str, Any] = {p: p for p in args.policies.split(",") if p}
     arms["frozen"] = champion
     for b in (float(x) for x in args.margins.split(",") if x):

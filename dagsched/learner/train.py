@@ -30,14 +30,9 @@ from dagsched.policy.scheduler import GNNScheduler
 from dagsched.service_config import TrainSettings
 from dagsched.sim.config import ScenarioConfig
 from dagsched.sim.engine import Simulator
-from dagsched.sim.observation import Observation, observe
+from dagsched.sim.observation import ANCHOR_FLOOR, Observation, observe
 from dagsched.sim.runner import make_policy
-from dagsched.sim.state import MEM_BOUNDS
 from dagsched.sim.view import cluster_view, task_view
-
-# heft_history's memory reservations already carry VPA's 15% margin; a little more keeps a
-# Beta mean that lands just under the teacher's reservation clear of its OOM kills.
-IMITATION_MEM_MARGIN = 0.05
 
 MetricsSink = Callable[[dict[str, float], int], None]
 
@@ -126,10 +121,11 @@ def demonstrations(
                 obs.append(observe(view, tv))
                 view.take(tv, d.node, d.cpu, d.mem)
                 nodes.append(d.node)
-                # A margin on memory: a Beta mean landing just under the demand is an OOM.
-                mem = min(MEM_BOUNDS[1], d.mem * (1 + IMITATION_MEM_MARGIN))
-                u = to_unit(torch.tensor([d.cpu, mem, float(d.max_retries)]))
-                units.append(u.tolist())
+                # The anchor is the teacher's reservation (`observation.recommended_request`),
+                # so the imitated shift is 0; a request at a bound is imitated at the anchor's
+                # clamp, not by a shift that would drag every other task's mean with it.
+                u = to_unit(torch.tensor([d.cpu, d.mem, float(d.max_retries)]))
+                units.append(u.clamp(ANCHOR_FLOOR, 1 - ANCHOR_FLOOR).tolist())
             sim.apply(decisions, batch)
     return obs, nodes, units
 

@@ -27,13 +27,15 @@ from dagsched.sim.observation import (
     GB,
     NODE_FEATURES,
     Observation,
+    candidates,
     dag_features,
     demand_fractions,
     fits_now,
+    recommended_request,
     task_context,
     transfer_estimate_s,
+    unit_anchor,
 )
-from dagsched.sim.state import CPU_BOUNDS, MEM_BOUNDS
 from dagsched.sim.view import ClusterView, TaskView
 from dagsched.sim.workflow import Workflow, upward_rank
 
@@ -126,14 +128,14 @@ class BatchObservation:
         x[:, :, DYNAMIC] = self._dynamic_all()
         self.nodes0 = x  # [B, n, F] on the snapshot
         self.dyn0 = np.ascontiguousarray(self.nodes0[:, :, DYNAMIC])
-        self.anchor = np.stack(
-            [
-                (p_cpu_f - CPU_BOUNDS[0]) / (CPU_BOUNDS[1] - CPU_BOUNDS[0]),
-                (p_mem_f - MEM_BOUNDS[0]) / (MEM_BOUNDS[1] - MEM_BOUNDS[0]),
-                np.full((b, n), 0.5),
-            ],
-            axis=2,
-        ).astype(np.float32)
+        rec = [
+            recommended_request(s.cpu_cores, s.mem_gb, t.history)
+            for s, t in zip(specs, tasks, strict=True)
+        ]
+        rec_c = np.array([[r[0]] for r in rec], dtype=float)
+        rec_m = np.array([[r[1]] for r in rec], dtype=float)
+        self.anchor = unit_anchor(*demand_fractions(v, rec_c, rec_m))  # type: ignore[arg-type]
+        self.masks = candidates(v, self.alive, rec_m)  # [B, n]: the nodes each task may take
         self.cluster0 = self._cluster_static(preds, used_c, used_m)
         self.cache = cache if cache is not None else DagCache()
         self.dags, self.dag_of, self.dag_keys = self._dags(self.cache)
@@ -244,7 +246,7 @@ class BatchObservation:
         dag, edges = self.dags[self.dag_of[i]][:2]
         return Observation(
             nodes=nodes,
-            mask=self.alive.copy(),
+            mask=self.masks[i].copy(),
             cluster=cluster,
             dag=dag,
             edges=edges,

@@ -29,7 +29,7 @@ import numpy as np
 from dagsched.policy.api import Placement
 from dagsched.policy.batch_observation import BatchObservation, DagCache
 from dagsched.policy.numpy_net import F32, NumpyNet, batch_graph
-from dagsched.sim.observation import Observation
+from dagsched.sim.observation import ANCHOR_FLOOR, Observation
 from dagsched.sim.state import CPU_BOUNDS, MEM_BOUNDS, RETRY_BOUNDS
 from dagsched.sim.view import ClusterView, TaskView
 
@@ -64,18 +64,18 @@ def place_fast(
     emb = net.node_embed(xn)
     part = net.scorer_node_part(emb)
     prior = net.prior_part(xn)  # [B, n]
-    alive = obs.alive
-    all_alive = bool(alive.all())
-    weight = alive.astype(F32)
-    emb_sum = (weight @ emb).astype(np.float64)  # [B, H]
-    count = max(1.0, float(alive.sum()))
+    masks = obs.masks  # [B, n]: the nodes each task may take
+    everywhere: np.ndarray = np.all(masks, axis=1)
+    weight = masks.astype(F32)
+    emb_sum = np.einsum("bn,bnh->bh", weight, emb).astype(np.float64)  # [B, H]
+    count = np.maximum(1.0, masks.sum(axis=1))
     out = Placed()
     for i in range(len(tasks)):
         nodes, changed = obs.nodes(i)
         if changed.size:  # the rows earlier placements changed: embedded again
             x = net.normalize("nodes", nodes[changed])
             e = net.node_embed(x)
-            emb_sum[i] += weight[changed] @ (e - emb[i, changed])
+            emb_sum[i] += weight[i, changed] @ (e - emb[i, changed])
             emb[i, changed], part[i, changed] = e, net.scorer_node_part(e)
             prior[i, changed] = net.prior_part(x)
         cl = obs.cluster(i)
@@ -83,8 +83,8 @@ def place_fast(
             net.context(net.normalize("cluster", cl), dag_part[i])
         )
         logits = net.logits(part[i], c_score, prior[i])
-        if not all_alive:
-            logits = np.where(alive, logits, _MASKED)
+        if not everywhere[i]:
+            logits = np.where(masks[i], logits, _MASKED)
         node, node_logp = _choose(logits, rng)
         unit, beta_logp = _continuous(net.cont_raw(emb[i, node], c_cont), obs.anchor[i, node], rng)
         vals = LOW + unit * SPAN
@@ -94,7 +94,7 @@ def place_fast(
         out.placements.append(p)
         out.observations.append(obs.observation(i, nodes, cl))
         out.units.append([float(u) for u in unit])
-        out.values.append(net.value(c_value, (emb_sum[i] / count).astype(F32)))
+        out.values.append(net.value(c_value, (emb_sum[i] / count[i]).astype(F32)))
         obs.take(i, p.node, p.cpu, p.mem)
     return out
 
@@ -152,7 +152,7 @@ def _continuous(
     unit = np.empty(3, dtype=F32)
     logp = 0.0
     for j in range(3):
-        a = min(max(float(anchor[j]), 0.02), 0.98)
+        a = min(max(float(anchor[j]), ANCHOR_FLOOR), 1 - ANCHOR_FLOOR)
         z = math.log(a) - math.log1p(-a) + float(raw[2 * j])
         mean = 1.0 / (1.0 + math.exp(-z)) if z >= 0 else math.exp(z) / (1.0 + math.exp(z))
         mean = min(max(mean, 1e-3), 1 - 1e-3)

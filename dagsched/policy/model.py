@@ -30,7 +30,12 @@ from torch import Tensor, nn
 from torch.distributions import Beta, Categorical
 from torch_geometric.nn import AttentionalAggregation, GATv2Conv
 
-from dagsched.sim.observation import CLUSTER_FEATURES, DAG_FEATURES, NODE_FEATURES
+from dagsched.sim.observation import (
+    ANCHOR_FLOOR,
+    CLUSTER_FEATURES,
+    DAG_FEATURES,
+    NODE_FEATURES,
+)
 from dagsched.sim.state import CPU_BOUNDS, MEM_BOUNDS, RETRY_BOUNDS
 
 ACTOR_HEADS: tuple[str, ...] = ("scorer", "cont_head", "prior")
@@ -82,6 +87,11 @@ class ActorCritic(nn.Module):
         self.cluster_mlp = _mlp(cfg.cluster_features + 2 * h, h, h)
         self.scorer = _mlp(2 * h, h, 1)
         self.cont_head = _mlp(2 * h, h, 6)
+        last = self.cont_head[-1]
+        assert isinstance(last, nn.Linear)
+        with torch.no_grad():  # an untrained head serves the anchor: history's recommendation
+            last.weight[0::2].zero_()
+            last.bias[0::2].zero_()
         self.critic = _mlp(2 * h, h, 1)
         self.prior = FinishPrior(cfg.finish_prior) if cfg.finish_prior > 0 else None
 
@@ -127,7 +137,7 @@ class ActorCritic(nn.Module):
         # Beta per value, centred on the task's demand at that node plus a learned shift:
         # mean = sigmoid(logit(anchor) + shift), concentration = 2 + softplus(k).
         head = self.cont_head(pair).view(*pair.shape[:2], 3, 2)
-        a = anchor.clamp(0.02, 0.98)
+        a = anchor.clamp(ANCHOR_FLOOR, 1 - ANCHOR_FLOOR)
         mean = torch.sigmoid(torch.log(a) - torch.log1p(-a) + head[..., 0]).clamp(1e-3, 1 - 1e-3)
         kappa = 2.0 + nn.functional.softplus(head[..., 1] + 2.0)
         conc = torch.stack([mean * kappa, (1 - mean) * kappa], dim=-1)

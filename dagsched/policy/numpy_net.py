@@ -341,6 +341,6 @@ class NumpyNet:
         return self.co2(np.tanh(emb @ self.co1_node + ctx_part + self.co1_b))
 
     def value(self, ctx_part: np.ndarray, mean_node: np.ndarray) -> float:
-        """The critic from the context's part and the alive nodes' mean embedding."""
+        """The critic from the context's part and the candidate nodes' mean embedding."""
         z = np.tanh(ctx_part + mean_node @ self.cr1_mean + self.cr1_b)
         return float(self.cr2(z)[0])

@@ -18,7 +18,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from dagsched.sim.estimates import raised_prediction_s, transfer_to_all_s
-from dagsched.sim.history import FamilyStats, FamilySummary, predicted_use, summarize
+from dagsched.sim.history import (
+    VPA_MARGIN,
+    FamilyStats,
+    FamilySummary,
+    predicted_use,
+    summarize,
+)
 from dagsched.sim.state import CPU_BOUNDS, MEM_BOUNDS, Decision, Policy, TaskRun, TaskState
 
 if TYPE_CHECKING:
@@ -332,7 +338,7 @@ def earliest_finish_node(
     return int(np.argmin(np.where(cand, eft, np.inf)))
 
 
-HISTORY_MARGIN = 1.15  # the VPA recommender's safety margin over its p90 target
+HISTORY_MARGIN = VPA_MARGIN  # heft_history's margin over the p90 targets
 
 
 def history_request(

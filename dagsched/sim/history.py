@@ -195,6 +195,7 @@ def summarize(stats: FamilyStats | None) -> FamilySummary | None:
 
 
 OOM_BUMP = 1.2  # the VPA recommender's memory bump after an OOM kill
+VPA_MARGIN = 1.15  # the VPA recommender's safety margin over its p90 target
 
 
 def predicted_use(

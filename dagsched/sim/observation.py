@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from dagsched.sim.estimates import transfer_to_all_s
-from dagsched.sim.history import predicted_use
+from dagsched.sim.history import VPA_MARGIN, FamilySummary, predicted_use
 from dagsched.sim.state import CPU_BOUNDS, MEM_BOUNDS
 from dagsched.sim.view import ClusterView, TaskView
 from dagsched.sim.workflow import TaskType, upward_rank
@@ -156,6 +156,43 @@ def demand_fractions(
     cpu = np.clip(cpu_cores / cluster.cores, *CPU_BOUNDS)
     mem = np.clip(mem_gb / cluster.mem_gb, *MEM_BOUNDS)
     return cpu, mem
+
+
+def recommended_request(
+    cpu_cores: float, mem_gb: float, h: FamilySummary | None
+) -> tuple[float, float]:
+    """(cores, memory GB) history recommends reserving: the prediction with the VPA
+    recommender's margin (`predicted_use` at `VPA_MARGIN`: p90 x 1.15, memory at least 1.2 x
+    the highest limit an OOM kill of the family hit), what `heft_history` reserves. The
+    continuous head is centred on it, so an untrained shift serves that recommendation."""
+    cores, mem, _ = predicted_use(cpu_cores, mem_gb, h, VPA_MARGIN)
+    return cores, mem
+
+
+def candidates(cluster: ClusterView, alive: np.ndarray, mem_gb: float | np.ndarray) -> np.ndarray:
+    """The nodes a policy may choose for tasks recommended `mem_gb` ([..., 1] or a scalar):
+    alive nodes whose largest memory reservation (the upper bound) holds it, as
+    `heft_history`'s candidates; every alive node for a task no node can hold. Elsewhere a
+    task is OOM-killed for sure, and in a world where a kill costs an hour's restart one
+    such choice per family starts a spiral (README "The shifted world")."""
+    holds = alive & (cluster.mem_gb * MEM_BOUNDS[1] >= mem_gb - 1e-9)
+    return np.where(holds.any(axis=-1, keepdims=True), holds, alive)
+
+
+ANCHOR_FLOOR = 0.02  # the head clamps its anchor to [ANCHOR_FLOOR, 1 - ANCHOR_FLOOR]
+
+
+def unit_anchor(cpu_f: np.ndarray, mem_f: np.ndarray) -> np.ndarray:
+    """The continuous head's anchor in its unit action space from reservation fractions
+    ([..., n] each): [..., n, 3] (CPU, memory, 3 retries)."""
+    return np.stack(
+        [
+            (cpu_f - CPU_BOUNDS[0]) / (CPU_BOUNDS[1] - CPU_BOUNDS[0]),
+            (mem_f - MEM_BOUNDS[0]) / (MEM_BOUNDS[1] - MEM_BOUNDS[0]),
+            np.full(np.shape(cpu_f), 0.5),
+        ],
+        axis=-1,
+    ).astype(np.float32)
 
 
 def transfer_estimate_s(cluster: ClusterView, task: TaskView) -> np.ndarray:
@@ -324,17 +361,11 @@ def observe(
     )
 
     dag_x, edges = dag if dag is not None else dag_features(task)
-    anchor = np.stack(
-        [
-            (p_cpu_f - CPU_BOUNDS[0]) / (CPU_BOUNDS[1] - CPU_BOUNDS[0]),
-            (p_mem_f - MEM_BOUNDS[0]) / (MEM_BOUNDS[1] - MEM_BOUNDS[0]),
-            np.full(n, 0.5),  # 3 retries
-        ],
-        axis=1,
-    ).astype(np.float32)
+    rec_cores, rec_mem = recommended_request(spec.cpu_cores, spec.mem_gb, h)
+    anchor = unit_anchor(*demand_fractions(cluster, rec_cores, rec_mem))
     return Observation(
         nodes=nodes,
-        mask=alive.copy(),
+        mask=candidates(cluster, alive, rec_mem),
         cluster=cl,
         dag=dag_x,
         edges=edges,

@@ -30,8 +30,10 @@ from dagsched.policy.numpy_net import Encodings
 from dagsched.policy.scheduler import GNNScheduler
 from dagsched.sim.config import FaultConfig, ScenarioConfig
 from dagsched.sim.engine import Simulator
+from dagsched.sim.history import FamilySummary
 from dagsched.sim.observation import Observation, observe
 from dagsched.sim.runner import make_policy, stream_workflows
+from dagsched.sim.state import MEM_BOUNDS
 from dagsched.sim.view import ClusterView, TaskView, cluster_view, map_stage, task_view
 
 CHAMPION = Path(__file__).resolve().parents[2] / "models" / "champion"
@@ -242,3 +244,24 @@ def test_a_map_stages_siblings_share_one_encoding_and_decide_as_their_own_passes
     assert champion.place(view, batch) == first
     assert net.encodings.rows == kept
     assert [p.node for p in first] == [p.node for p in champion.place_reference(view, batch)]
+
+
+def test_tasks_only_small_nodes_cannot_hold_take_big_ones_on_both_paths(
+    champion: GNNScheduler, batches: dict[str, tuple[ClusterView, list[TaskView]]]
+) -> None:
+    """Per-task candidate masks (`observation.candidates`): half the batch gets a family
+    history whose memory only the larger nodes can hold; both paths keep those tasks there."""
+    view, tasks = batches["32 nodes, busy"]
+    cap = view.mem_gb * MEM_BOUNDS[1]
+    heavy = []
+    for i, t in enumerate(tasks):
+        if i % 2:
+            spec = t.workflow.tasks[t.idx]
+            ratio = float(np.median(cap)) / spec.mem_gb / 1.15 * 1.01
+            h = FamilySummary(40, 1.0, 1.0, ratio, ratio, 1.0, 1.0, 0, 0.0)
+            t = replace(t, history=h)
+        heavy.append(t)
+    assert_fast_equals_plain(champion, view, heavy)
+    masks = [o.mask for o in champion.last_observations]
+    assert sum(not m.all() for m in masks) >= len(tasks) // 2 - 1
+    assert all(m[p.node] for m, p in zip(masks, champion.place(view, heavy), strict=True))

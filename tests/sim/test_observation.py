@@ -49,11 +49,12 @@ def test_history_moves_the_prediction_and_the_anchor() -> None:
     assert o.cluster[C["hist_known"]] == 1.0
     assert o.cluster[C["pred_mem_gb"]] == pytest.approx(0.5 * spec.mem_gb, rel=1e-5)
     assert o.cluster[C["pred_cpu_cores"]] == pytest.approx(0.4 * spec.cpu_cores, rel=1e-5)
-    # the anchor (unit space) follows the predicted request, clamped to the bounds
-    mem_frac = np.clip(0.5 * spec.mem_gb / cv.mem_gb, *MEM_BOUNDS)
+    # the anchor (unit space) is the recommended request - the prediction with the VPA
+    # margin, what heft_history reserves - clamped to the bounds
+    mem_frac = np.clip(0.5 * 1.15 * spec.mem_gb / cv.mem_gb, *MEM_BOUNDS)
     want = (mem_frac - MEM_BOUNDS[0]) / (MEM_BOUNDS[1] - MEM_BOUNDS[0])
     np.testing.assert_allclose(o.anchor[:, 1], want, rtol=1e-5)
-    cpu_frac = np.clip(0.4 * spec.cpu_cores / cv.cores, *CPU_BOUNDS)
+    cpu_frac = np.clip(0.4 * 1.15 * spec.cpu_cores / cv.cores, *CPU_BOUNDS)
     np.testing.assert_allclose(o.anchor[:, 0], (cpu_frac - 0.1) / 0.8, rtol=1e-5)
     # a family that runs twice as long as declared finishes later everywhere
     assert (o.nodes[:, N["log_pred_finish_s"]] > base.nodes[:, N["log_pred_finish_s"]]).all()
@@ -61,6 +62,10 @@ def test_history_moves_the_prediction_and_the_anchor() -> None:
     burned = replace(lean, ooms=1, oom_limit=0.9)
     o = observe(cv, replace(tv, history=burned))
     assert o.cluster[C["pred_mem_gb"]] == pytest.approx(1.08 * spec.mem_gb, rel=1e-5)
+    # and the anchor's memory is the bumped limit, which beats p90 x 1.15 here
+    mem_frac = np.clip(1.08 * spec.mem_gb / cv.mem_gb, *MEM_BOUNDS)
+    want = (mem_frac - MEM_BOUNDS[0]) / (MEM_BOUNDS[1] - MEM_BOUNDS[0])
+    np.testing.assert_allclose(o.anchor[:, 1], want, rtol=1e-5)
 
 
 def test_measured_node_use_is_next_to_the_reservation() -> None:
@@ -79,3 +84,27 @@ def test_measured_node_use_is_next_to_the_reservation() -> None:
     reserved, used = o.nodes[:, N["cpu_used"]], o.nodes[:, N["cpu_really_used"]]
     assert (used <= reserved + 1e-6).all() and used.sum() > 0
     assert (used < reserved - 1e-6).any()  # tasks use less than they reserve
+
+
+def test_only_nodes_that_can_hold_the_recommended_memory_may_be_chosen() -> None:
+    """The mask: alive nodes whose largest memory reservation holds what history recommends;
+    every alive node when none can (heft_history's candidates)."""
+    cv, tv = _first_task()
+    spec = tv.workflow.tasks[tv.idx]
+    cap = cv.mem_gb * MEM_BOUNDS[1]  # the most each node can reserve
+    assert len(set(cap.tolist())) > 1  # nodes of several memory sizes
+    # a family whose peaks run at a ratio that only the larger nodes can hold
+    ratio = float(np.median(cap)) / spec.mem_gb / 1.15 * 1.01
+    big = FamilySummary(count=40, cpu_p50=1.0, cpu_p90=1.0, mem_p50=ratio, mem_p90=ratio,
+                        runtime_ratio=1.0, runtime_p90=1.0, ooms=0, oom_limit=0.0)  # fmt: skip
+    o = observe(cv, replace(tv, history=big))
+    want = cap >= ratio * 1.15 * spec.mem_gb
+    assert 0 < want.sum() < cv.n
+    np.testing.assert_array_equal(o.mask, want & cv.alive.astype(bool))
+    # a family no node can hold: every alive node stays a candidate
+    huge = replace(big, mem_p50=1e3, mem_p90=1e3)
+    np.testing.assert_array_equal(
+        observe(cv, replace(tv, history=huge)).mask, cv.alive.astype(bool)
+    )
+    # without history the declared request: every node holds the small test tasks
+    assert observe(cv, tv).mask.all()
