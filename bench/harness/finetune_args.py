@@ -16,7 +16,7 @@ def add_finetune_args(ap: argparse.ArgumentParser, lr: float) -> None:
     ap.add_argument("--target-kl", type=float, default=0.2)
     ap.add_argument("--ent-coef", type=float, default=0.01, help="entropy bonus of PPO")
     ap.add_argument("--clip", type=float, default=0.2, help="PPO's ratio clip")
-    ap.add_argument("--credit", default="task", choices=("task", "attempt"))
+    ap.add_argument("--credit", default="task", choices=("task", "task-critic", "attempt"))
 
 
 def finetune_config(args: argparse.Namespace) -> FinetuneConfig:

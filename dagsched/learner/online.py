@@ -291,6 +291,8 @@ class FinetuneConfig:
     minibatch_size: int = 64
     # "task": an attempt's advantage is its reward plus the rewards of its task's later
     # attempts (an OOM kill is charged what its retry then costs), normalised over the window;
+    # "task-critic": the same minus a baseline, the champion critic's value mapped onto the
+    # window's returns by least squares (a busy cluster's lateness is not the action's);
     # "attempt": its own reward minus the window's mean (one step)
     credit: str = "task"
 
@@ -330,6 +332,27 @@ def task_returns(data: Sequence[Joined]) -> list[float]:
     return out
 
 
+def advantages(
+    data: Sequence[Joined], rewards: torch.Tensor, values: torch.Tensor, credit: str
+) -> torch.Tensor:
+    """Per attempt, its advantage under `credit` (`FinetuneConfig.credit`). The critic was
+    trained on discounted returns, another scale than one task's rewards: "task-critic" uses
+    its value only through the least-squares line that best predicts the window's returns."""
+    if credit == "attempt":
+        return rewards - rewards.mean()
+    if credit not in ("task", "task-critic"):
+        raise ValueError(f"unknown credit {credit!r}: task, task-critic or attempt")
+    togo = torch.tensor(task_returns(data), dtype=torch.float64)
+    if len(data) < 2:
+        return (togo * 0).float()
+    if credit == "task-critic":
+        v = values.to(torch.float64)
+        design = torch.stack([torch.ones_like(v), v], dim=1)
+        coef = torch.linalg.lstsq(design, togo[:, None]).solution
+        togo = togo - (design @ coef).squeeze(1)
+    return ((togo - togo.mean()) / (togo.std() + 1e-8)).float()
+
+
 def freeze_all_but_heads(model: ActorCritic) -> list[torch.nn.Parameter]:
     """Set `requires_grad` on the actor heads only; return those parameters."""
     for name, p in model.named_parameters():
@@ -362,26 +385,14 @@ def finetune_heads(
     b_node = torch.tensor([t.node_index for t in data], dtype=torch.int64)
     b_unit = torch.tensor([t.unit for t in data], dtype=torch.float32).clamp(1e-4, 1 - 1e-4)
     rewards = torch.tensor([t.reward for t in data], dtype=torch.float32)
-    # advantages without the critic: it was trained on discounted returns, a different scale
-    # from one attempt's reward
-    if cfg.credit == "task":
-        togo = torch.tensor(task_returns(data), dtype=torch.float32)
-        b_adv = (togo - togo.mean()) / (togo.std() + 1e-8) if len(data) > 1 else togo * 0
-    elif cfg.credit == "attempt":
-        b_adv = rewards - rewards.mean()
-    else:
-        raise ValueError(f"unknown credit {cfg.credit!r}: task or attempt")
+    logps, values = [], []
     with torch.no_grad():
-        champ_logp = torch.cat(
-            [
-                evaluate(
-                    champion(*collate(obs[i : i + 256]).args()),
-                    b_node[i : i + 256],
-                    b_unit[i : i + 256],
-                )[0]
-                for i in range(0, len(obs), 256)
-            ]
-        )
+        for i in range(0, len(obs), 256):
+            out = champion(*collate(obs[i : i + 256]).args())
+            logps.append(evaluate(out, b_node[i : i + 256], b_unit[i : i + 256])[0])
+            values.append(out.value)
+    champ_logp = torch.cat(logps)
+    b_adv = advantages(data, rewards, torch.cat(values), cfg.credit)
     logged = torch.tensor([t.log_prob for t in data], dtype=torch.float32)
     # the wire clips log-probs at 0 (a Beta density can exceed 1): use the champion's own
     # log-prob where the logged one was clipped
