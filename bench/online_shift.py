@@ -16,18 +16,20 @@ of the shifted world (shift from t=0), as served (deterministic).
 A/A (`aa_false_promotion_rate`): the A/A logic of `bench/aa_false_promotions.py` (a
 challenger identical to the champion; verdict every 10 challenger workflows until the test
 decides) with the loop's share and decision rule, fed with real per-workflow outcomes (SLA,
-mean reward) of the frozen champion in the faithful, unshifted world, drawn at random.
+mean reward, speed) of the frozen champion in the faithful, unshifted world, drawn at random.
 
     .venv/bin/python bench/online_shift.py [--quick] [--json] [--seeds 3] [--workflows 2000]
-        [--shift-at 0.1] [--share 0.3] [--explore-share 0.3] [--every-n 8000] [--window 8000]
-        [--lr 1e-3] [--epochs 8] [--target-kl 0.2] [--ent-coef 0.01] [--clip 0.2]
-        [--min-samples 100] [--max-samples 300] [--replace-challenger] [--keep-learning]
-        [--load L] [--out DIR]
+        [--shift-at 0.1] [--share 0.3] [--explore-share 0.4] [--every-n 2000] [--window 2000]
+        [--lr 2e-3] [--epochs 8] [--target-kl 0.2] [--ent-coef 0.01] [--clip 0.2]
+        [--credit task-critic] [--min-samples 100] [--max-samples 300]
+        [--replace-challenger] [--no-keep-learning] [--load L] [--out DIR]
 
 The defaults are the fine-tuning settings that closed the gap offline (`bench/shift_gap.py`)
-with an exploration slice to learn from, and a challenger budget so a futile test ends
-(README "The shifted world"). `held_out.latest` is each seed's last learner version on the
-held-out seeds, promoted or not: whether the learner found anything, apart from the judge.
+with an exploration slice to learn from, rounds every ~90 workflows that go on improving a
+shadow while a challenger is under test (`--keep-learning`), and a challenger budget so a
+futile test ends (README "The shifted world"). `held_out.latest` is each seed's last
+learner version on the held-out seeds, promoted or not: whether the learner found anything,
+apart from the judge.
 
 Writes online_shift.json and online_shift.png under --out (default bench/results).
 """
@@ -199,7 +201,7 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--aa-workflows", type=int, default=600)
     ap.add_argument("--share", type=float, default=0.3)
     ap.add_argument(
-        "--explore-share", type=float, default=0.3, help="workflows served sampled, to learn from"
+        "--explore-share", type=float, default=0.4, help="workflows served sampled, to learn from"
     )
     ap.add_argument("--load", type=float, default=None, help="default: the shift profile's")
     ap.add_argument(
@@ -207,17 +209,18 @@ def parse() -> argparse.Namespace:
     )
     ap.add_argument(
         "--keep-learning",
-        action="store_true",
-        help="simulator only: shadows keep learning while a challenger is under test",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="shadows keep learning while a challenger is under test",
     )
-    ap.add_argument("--every-n", type=int, default=8000)
-    ap.add_argument("--window", type=int, default=8000)
+    ap.add_argument("--every-n", type=int, default=2000)
+    ap.add_argument("--window", type=int, default=2000)
     ap.add_argument("--min-samples", type=int, default=100)
     ap.add_argument("--max-samples", type=int, default=300, help="challenger workflows")
     ap.add_argument("--bucket-workflows", type=int, default=100)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
-    add_finetune_args(ap, lr=1e-3)
+    add_finetune_args(ap, lr=2e-3, credit="task-critic")
     args = ap.parse_args()
     if args.quick:
         args.seeds, args.workflows, args.held_out = 2, 700, 2

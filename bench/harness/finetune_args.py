@@ -9,14 +9,15 @@ import argparse
 from dagsched.learner.online import FinetuneConfig
 
 
-def add_finetune_args(ap: argparse.ArgumentParser, lr: float) -> None:
-    """--lr (default `lr`), --epochs, --target-kl, --ent-coef, --clip, --credit."""
+def add_finetune_args(ap: argparse.ArgumentParser, lr: float, credit: str = "task") -> None:
+    """--lr (default `lr`), --epochs, --target-kl, --ent-coef, --clip, --credit (default
+    `credit`)."""
     ap.add_argument("--lr", type=float, default=lr)
     ap.add_argument("--epochs", type=int, default=8)
     ap.add_argument("--target-kl", type=float, default=0.2)
     ap.add_argument("--ent-coef", type=float, default=0.01, help="entropy bonus of PPO")
     ap.add_argument("--clip", type=float, default=0.2, help="PPO's ratio clip")
-    ap.add_argument("--credit", default="task", choices=("task", "task-critic", "attempt"))
+    ap.add_argument("--credit", default=credit, choices=("task", "task-critic", "attempt"))
 
 
 def finetune_config(args: argparse.Namespace) -> FinetuneConfig:
