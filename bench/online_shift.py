@@ -213,6 +213,9 @@ def parse() -> argparse.Namespace:
         default=True,
         help="shadows keep learning while a challenger is under test",
     )
+    ap.add_argument(
+        "--min-rounds", type=int, default=1, help="rounds chained before a first challenger"
+    )
     ap.add_argument("--every-n", type=int, default=2000)
     ap.add_argument("--window", type=int, default=2000)
     ap.add_argument("--min-samples", type=int, default=100)
@@ -247,6 +250,7 @@ def main() -> None:
         explore_share=args.explore_share,
         replace_challenger=args.replace_challenger,
         keep_learning=args.keep_learning,
+        min_rounds=args.min_rounds,
     )
     wl = replace(s.sim.workload, workflows=args.workflows)
     if args.load is not None:

@@ -67,6 +67,10 @@ class LoopConfig:
     # serves the exploration slice (so what the learner learns from stays on-policy); when
     # the test ends, the latest shadow becomes the next challenger at once
     keep_learning: bool = False
+    # with keep_learning: rounds chained on the shadow before the first challenger of each
+    # champion is tested. A one-round challenger is barely different from its champion,
+    # and its test holds the judge for most of a run (README "A first challenger worth a test")
+    min_rounds: int = 1
 
 
 @dataclass
@@ -120,6 +124,7 @@ class SimLoop:
         self._rewards: dict[str, list[float]] = {}
         self.sim: Simulator | None = None
         self._explorers: dict[str, GNNScheduler] = {}
+        self._chain = 0  # rounds since the champion last changed
 
     # -- driving ------------------------------------------------------------------------------
 
@@ -130,7 +135,8 @@ class SimLoop:
         while (batch := sim.advance(until)) is not None:
             sim.apply(self.decide(sim, batch), batch)
             due = self.cfg.learn and self.completed >= self.cfg.every_n and self.window
-            if due and (self.challenger is None or self.cfg.replace_challenger):
+            early = self.cfg.keep_learning and self._chain + 1 < self.cfg.min_rounds
+            if due and (self.challenger is None or self.cfg.replace_challenger) and not early:
                 self._round(sim.now)
             elif due and self.cfg.keep_learning:
                 self._round(sim.now, shadow=True)
@@ -247,6 +253,7 @@ class SimLoop:
         version = self.challenger or ""
         if action == "promote" and self.challenger is not None:
             self.previous, self.champion = self.champion, self.challenger
+            self._chain = 0
             self.judge.promoted()
             self.challenger = None
         elif action == "retire":
@@ -285,6 +292,7 @@ class SimLoop:
             start=self.versions[base].model if base is not None else None,
         )
         version = f"v{len(self.versions) + 1}"
+        self._chain = self._chain + 1 if base is not None else 1
         self.versions[version] = GNNScheduler(result.model, champion.normalizer, version)
         self.parent[version] = self.champion
         self.completed = 0

@@ -28,6 +28,7 @@ import numpy as np
 
 from dagsched.policy.api import Placement
 from dagsched.policy.batch_observation import BatchObservation, DagCache
+from dagsched.policy.model import CONC_SCALE
 from dagsched.policy.numpy_net import F32, NumpyNet, batch_graph
 from dagsched.sim.observation import ANCHOR_FLOOR, Observation
 from dagsched.sim.state import CPU_BOUNDS, MEM_BOUNDS, RETRY_BOUNDS
@@ -148,7 +149,7 @@ def _continuous(
 ) -> tuple[np.ndarray, float]:
     """The three unit values (Beta means, or samples) and their summed Beta log-density, from
     the continuous head's output at the chosen node, as `ActorCritic.heads` defines them:
-    mean = sigmoid(logit(anchor) + shift), concentration = 2 + softplus(k + 2)."""
+    mean = sigmoid(logit(anchor) + shift), concentration = CONC_SCALE (2 + softplus(k + 2))."""
     unit = np.empty(3, dtype=F32)
     logp = 0.0
     for j in range(3):
@@ -157,7 +158,7 @@ def _continuous(
         mean = 1.0 / (1.0 + math.exp(-z)) if z >= 0 else math.exp(z) / (1.0 + math.exp(z))
         mean = min(max(mean, 1e-3), 1 - 1e-3)
         k = float(raw[2 * j + 1]) + 2.0
-        kappa = 2.0 + (k if k > 20.0 else math.log1p(math.exp(k)))
+        kappa = CONC_SCALE * (2.0 + (k if k > 20.0 else math.log1p(math.exp(k))))
         al, be = mean * kappa, (1.0 - mean) * kappa
         u = al / (al + be) if rng is None else float(rng.beta(al, be))
         u = float(np.float32(min(max(u, 1e-4), 1 - 1e-4)))

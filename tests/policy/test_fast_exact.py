@@ -265,3 +265,29 @@ def test_tasks_only_small_nodes_cannot_hold_take_big_ones_on_both_paths(
     masks = [o.mask for o in champion.last_observations]
     assert sum(not m.all() for m in masks) >= len(tasks) // 2 - 1
     assert all(m[p.node] for m, p in zip(masks, champion.place(view, heavy), strict=True))
+
+
+def test_exploration_strays_a_few_percent_from_the_served_reservation(
+    champion: GNNScheduler, batches: dict[str, tuple[ClusterView, list[TaskView]]]
+) -> None:
+    """The learner's exploration samples the Betas (`CONC_SCALE`): a sampled CPU or memory
+    reservation stays within a few percent of the served one, where an OOM kill can cost an
+    hour (README "Exploration that does not hurt the champion")."""
+    view, tasks = batches["32 nodes, busy"]
+    served = champion.place(view, tasks)
+    sampler = GNNScheduler(champion.model, champion.normalizer, "t", deterministic=False)
+    ratios: dict[str, list[float]] = {"cpu": [], "mem": []}
+    for seed in range(20):
+        torch.manual_seed(seed)
+        # the first task of the batch sees the same cluster in every draw
+        (p,) = sampler.place(view, tasks[:1])
+        (s,) = champion.place(view, tasks[:1])
+        if p.node == s.node:
+            ratios["cpu"].append(p.cpu / s.cpu)
+            ratios["mem"].append(p.mem / s.mem)
+    assert (served[0].node, served[0].mem) == (s.node, s.mem)
+    assert len(ratios["mem"]) >= 5
+    for name, r in ratios.items():
+        lo, hi = np.percentile(r, [10, 90])
+        assert 0.85 <= lo <= 1.0 <= hi <= 1.15, (name, lo, hi)
+        assert float(np.std(r)) > 0.002, name  # it does explore
