@@ -274,6 +274,19 @@ class SimLoop:
             self.judge.versions(self.champion, shadow)
             self.events.append(LoopEvent(now, "challenger", shadow, self.champion, {}))
 
+    def promote_by_hand(self, sched: GNNScheduler, now: float, by: str = "hand") -> str:
+        """`dagsched models promote` in the simulator: `sched` becomes a new version and the
+        champion at once, the old champion `previous`; the judge's guardrail watches it, as
+        the evaluator does when the champion alias moves with the old one as `@previous`."""
+        version = f"v{len(self.versions) + 1}"
+        self.versions[version] = GNNScheduler(sched.model, sched.normalizer, version)
+        self.parent[version] = self.champion
+        self.previous, self.champion = self.champion, version
+        self._chain = 0
+        self.judge.versions(self.champion, self.challenger, previous=self.previous)
+        self.events.append(LoopEvent(now, "promote", version, self.champion, {"by": by}))
+        return version
+
     # -- the learner's round ------------------------------------------------------------------
 
     def _round(self, now: float, shadow: bool = False) -> None:
