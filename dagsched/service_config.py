@@ -7,6 +7,8 @@ they read from the conventional `DAGSCHED_KAFKA_BOOTSTRAP`-style variables.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
@@ -144,6 +146,18 @@ class LearnerSettings(_Strict):
     minibatch_size: int = Field(default=64, ge=1)
     # register a new challenger even while the current one is under A/B test (restarts it)
     replace_challenger: bool = False
+    # while a challenger is under A/B test, due rounds go on improving a shadow of the
+    # champion (alias `shadow`), which serves the exploration slice; when the evaluator ends
+    # the test, the latest shadow becomes the next challenger at once. False: a due round
+    # waits for the verdict
+    keep_learning: bool = False
+    # with keep_learning: rounds chained on the shadow before the first challenger of each
+    # champion is proposed (a one-round challenger is barely different from its champion)
+    min_rounds: int = Field(default=1, ge=1)
+    # advantages of a round (`FinetuneConfig.credit`): "task" (an attempt's reward plus its
+    # task's later attempts'), "task-critic" (the same minus the champion critic's baseline)
+    # or "attempt" (one step)
+    credit: Literal["task", "task-critic", "attempt"] = "task"
 
 
 class EvaluatorSettings(_Strict):
