@@ -39,9 +39,10 @@ class DaemonSettings(_Strict):
     fetch_max_wait_ms: int = Field(default=5, ge=2, le=1000)
     max_dag_tasks: int = Field(default=5000, ge=1)
     challenger_share: float = Field(default=0.1, ge=0, le=1)
-    # the exploration slice: workflows in the buckets after the challenger's, served by the
-    # challenger (the champion while there is none) with sampled actions, for the learner to
-    # learn from; never judged. 0: off
+    # the exploration slice: workflows in the buckets after the challenger's, served with
+    # sampled actions by the learner's @shadow when it descends from the serving champion
+    # (learner.keep_learning), else by the challenger (the champion while there is none), for
+    # the learner to learn from; never judged. 0: off
     explore_share: float = Field(default=0.0, ge=0, le=1)
     reload_poll_s: float = Field(default=5.0, gt=0)
     view_wait_ms: float = Field(default=250.0, ge=0, le=10_000)  # for events up to a request's `at`
