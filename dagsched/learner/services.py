@@ -10,7 +10,8 @@ into its window) until the evaluator has promoted or retired the current one, un
 instead (chained from the latest shadow or challenger of the current champion), which the
 daemons serve on the exploration slice. The evaluator, when it promotes or retires the
 challenger, makes the shadow the next challenger at once (`Promoter.shadow_to_challenger`),
-so the learner's next round finds a test running again. With `learner.min_rounds` > 1 the
+so the learner's next round finds a test running again (a shadow round that was training
+when a test ended with no shadow to follow it becomes the challenger itself). With `learner.min_rounds` > 1 the
 first challenger of each champion waits until that many rounds were chained on the shadow.
 The evaluator acts only while it holds the Redis lease; a second one waits for it.
 """
@@ -149,9 +150,27 @@ class LearnerService:
         if self.cfg.min_rounds > 1:
             self.registry.ensure_champion()
             champion = self.registry.alias_version(CHAMPION)
-            if champion is not None and self.rounds_for(champion) + 1 < self.cfg.min_rounds:
+            if champion is not None and self._early(champion):
                 return SHADOW
         return CHALLENGER
+
+    def _early(self, champion: str) -> bool:
+        """`min_rounds`: the next round for `champion` is too early to be its challenger."""
+        return self.cfg.min_rounds > 1 and self.rounds_for(champion) + 1 < self.cfg.min_rounds
+
+    def _test_ended_meanwhile(self, champion: str) -> bool:
+        """A shadow round whose reason went away while it trained: the evaluator ended the
+        test with no shadow to test next, the champion is still the one it started from, and
+        `min_rounds` are done. Then it is proposed as the challenger at once (as the
+        simulator's loop would have), not left as a shadow until the next due round."""
+        from dagsched.registry.store import CHALLENGER, CHAMPION
+
+        reg = self.registry
+        return (
+            reg.alias_version(CHALLENGER) is None
+            and reg.alias_version(CHAMPION) == champion
+            and not self._early(champion)
+        )
 
     def rounds_for(self, champion: str) -> int:
         """Rounds registered since `champion` became the champion: the learner's versions
@@ -192,6 +211,8 @@ class LearnerService:
             f"first {window[0].key[0]}#{window[0].key[1]}, last {window[-1].key[0]}"
         )
         resumed = start.version.removeprefix("v") if start else ""
+        if alias == SHADOW and self._test_ended_meanwhile(parent):
+            alias = CHALLENGER
         with (
             tempfile.TemporaryDirectory() as tmp,
             reg.run("online-finetune", {"parent": parent, "transitions": len(window)}) as run,

@@ -172,6 +172,13 @@ async def test_a_due_round_improves_the_shadow_while_a_challenger_is_under_test(
     again = await asyncio.to_thread(learner.round, SHADOW)
     assert _tags(reg, again)["resumed_from"] == shadow
     assert reg.aliases() == {CHAMPION: champion, CHALLENGER: chall, SHADOW: again}
+    # a shadow round during which the test ended (no shadow was there to be tested next):
+    # proposed as the challenger at once, chained from the shadow it supersedes
+    assert await asyncio.to_thread(learner.next_round) == SHADOW
+    await asyncio.to_thread(reg.delete_alias, CHALLENGER)
+    third = await asyncio.to_thread(learner.round, SHADOW)
+    assert reg.aliases() == {CHAMPION: champion, CHALLENGER: third}
+    assert _tags(reg, third)["resumed_from"] == again
 
 
 async def test_min_rounds_chains_shadows_before_the_first_challenger(
