@@ -11,8 +11,9 @@ instead (chained from the latest shadow or challenger of the current champion), 
 daemons serve on the exploration slice. The evaluator, when it promotes or retires the
 challenger, makes the shadow the next challenger at once (`Promoter.shadow_to_challenger`),
 so the learner's next round finds a test running again (a shadow round that was training
-when a test ended with no shadow to follow it becomes the challenger itself). With `learner.min_rounds` > 1 the
-first challenger of each champion waits until that many rounds were chained on the shadow.
+when a test ended with no shadow to follow it becomes the challenger itself). With
+`learner.min_rounds` > 1 the first challenger of each champion waits until that many rounds
+were chained on the shadow.
 The evaluator acts only while it holds the Redis lease; a second one waits for it.
 """
 
@@ -383,8 +384,8 @@ class EvaluatorService:
         stats = verdict.to_dict()
         version = (self.judge.challenger or "").removeprefix("v")
         record: dict[str, Any] = {"action": action, "version": version, **stats}
+        lineage = (self.judge.champion or "").removeprefix("v")  # the test's champion
         try:
-            lineage = (self.judge.champion or "").removeprefix("v")
             if action == "promote":
                 self.promoter.promote(version, verdict.reason, self.actor, stats)
                 self.judge.promoted()
@@ -392,13 +393,17 @@ class EvaluatorService:
                 self.promoter.retire(version, verdict.reason, self.actor, stats)
             elif action == "rollback":
                 self.promoter.rollback(verdict.reason, self.actor, stats)
-            if action in ("promote", "retire"):
-                # keep_learning: the test is over; the learner's latest shadow is tested next
-                nxt = self.promoter.shadow_to_challenger(lineage, self.actor)
-                if nxt is not None:
-                    record["next_challenger"] = nxt
         except Exception as exc:  # refused or registry away: report, keep evaluating
             record["error"] = str(exc)
+        else:
+            if action in ("promote", "retire"):
+                # keep_learning: the test is over; the learner's latest shadow is tested next
+                try:
+                    nxt = self.promoter.shadow_to_challenger(lineage, self.actor)
+                    if nxt is not None:
+                        record["next_challenger"] = nxt
+                except Exception as exc:  # the verdict stands; the learner's round goes on
+                    record["shadow_error"] = str(exc)
         self.acted += 1
         self.on_verdict(record)
         log.info("evaluator.verdict", **{k: json.dumps(v, default=str) for k, v in record.items()})
