@@ -7,6 +7,8 @@ they read from the conventional `DAGSCHED_KAFKA_BOOTSTRAP`-style variables.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
@@ -37,9 +39,10 @@ class DaemonSettings(_Strict):
     fetch_max_wait_ms: int = Field(default=5, ge=2, le=1000)
     max_dag_tasks: int = Field(default=5000, ge=1)
     challenger_share: float = Field(default=0.1, ge=0, le=1)
-    # the exploration slice: workflows in the buckets after the challenger's, served by the
-    # challenger (the champion while there is none) with sampled actions, for the learner to
-    # learn from; never judged. 0: off
+    # the exploration slice: workflows in the buckets after the challenger's, served with
+    # sampled actions by the learner's @shadow when it descends from the serving champion
+    # (learner.keep_learning), else by the challenger (the champion while there is none), for
+    # the learner to learn from; never judged. 0: off
     explore_share: float = Field(default=0.0, ge=0, le=1)
     reload_poll_s: float = Field(default=5.0, gt=0)
     view_wait_ms: float = Field(default=250.0, ge=0, le=10_000)  # for events up to a request's `at`
@@ -144,6 +147,18 @@ class LearnerSettings(_Strict):
     minibatch_size: int = Field(default=64, ge=1)
     # register a new challenger even while the current one is under A/B test (restarts it)
     replace_challenger: bool = False
+    # while a challenger is under A/B test, due rounds go on improving a shadow of the
+    # champion (alias `shadow`), which serves the exploration slice; when the evaluator ends
+    # the test, the latest shadow becomes the next challenger at once. False: a due round
+    # waits for the verdict
+    keep_learning: bool = False
+    # with keep_learning: rounds chained on the shadow before the first challenger of each
+    # champion is proposed (a one-round challenger is barely different from its champion)
+    min_rounds: int = Field(default=1, ge=1)
+    # advantages of a round (`FinetuneConfig.credit`): "task" (an attempt's reward plus its
+    # task's later attempts'), "task-critic" (the same minus the champion critic's baseline)
+    # or "attempt" (one step)
+    credit: Literal["task", "task-critic", "attempt"] = "task"
 
 
 class EvaluatorSettings(_Strict):

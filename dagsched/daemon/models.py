@@ -6,6 +6,11 @@ A background task watches the registry aliases: a notice on the Redis channel
 off the event loop (`load_alias` runs its checksum and smoke checks) and parked; the batch loop
 swaps it in between batches (`swap`). A version that fails its checks is refused and the
 current one keeps serving; an unreachable registry keeps the loaded model.
+
+Three aliases are watched: `champion` and `challenger` serve the A/B arms; `shadow` (the
+learner's latest version while a challenger is under test, `learner.keep_learning`) serves
+only the exploration slice, and only while it is of the serving champion's lineage (its
+`parent` tag, read when it is loaded, names that champion).
 """
 
 from __future__ import annotations
@@ -28,9 +33,11 @@ from dagsched.settings import Settings
 log = structlog.get_logger(__name__)
 
 ARMS = ("champion", "challenger")
+ALIASES = (*ARMS, "shadow")  # what `check` watches; the shadow serves the explore arm only
 Loaded = tuple[str, Scheduler]
 Loader = Callable[[Settings, str], "Loaded | None"]
 VersionOf = Callable[[Settings, str], "str | None"]
+ParentOf = Callable[[Settings, str], "str | None"]
 
 
 def make_fallback(name: str) -> Scheduler:
@@ -49,15 +56,19 @@ class Models:
         metrics: DaemonMetrics,
         loader: Loader = serving.load_alias,
         version_of: VersionOf = serving.alias_version,
+        parent_of: ParentOf = serving.parent_version,
     ) -> None:
         self.settings = settings
         self.metrics = metrics
         self.loader = loader
         self.version_of = version_of
+        self.parent_of = parent_of
         self.fallback = make_fallback(settings.daemon.fallback_policy)
-        self.serving: dict[str, Loaded | None] = dict.fromkeys(ARMS)
+        self.serving: dict[str, Loaded | None] = dict.fromkeys(ALIASES)
+        self.shadow_parent: str | None = None  # the serving shadow's champion ("v3")
         self._explore: tuple[Scheduler, Scheduler] | None = None  # (served, its sampler)
         self._pending: dict[str, Loaded | None] = {}
+        self._pending_parent: str | None = None
         self._refused: dict[str, str] = {}
         self._wake = asyncio.Event()
         self.first_check = asyncio.Event()  # set after the first registry check
@@ -88,9 +99,17 @@ class Models:
         loaded = self.serving.get(arm)
         return loaded[1] if loaded is not None else self.fallback
 
+    def explore_source(self) -> Loaded | None:
+        """What the exploration slice samples from: the shadow while it is of the serving
+        champion's lineage, else the challenger, else the champion."""
+        shadow, champion = self.serving["shadow"], self.serving["champion"]
+        if shadow is not None and champion is not None and self.shadow_parent == champion[0]:
+            return shadow
+        return self.serving["challenger"] or champion
+
     def _explorer(self) -> Scheduler:
-        """The challenger (else the champion) sampling its actions: the exploration slice."""
-        loaded = self.serving["challenger"] or self.serving["champion"]
+        """`explore_source` sampling its actions: the exploration slice."""
+        loaded = self.explore_source()
         if loaded is None:
             return self.fallback
         from dagsched.policy.scheduler import GNNScheduler  # torch: only where a GNN serves
@@ -110,6 +129,8 @@ class Models:
         if not self._pending:
             return False
         pending, self._pending = self._pending, {}
+        if "shadow" in pending:
+            self.shadow_parent = self._pending_parent
         for arm, loaded in pending.items():
             old = self.version(arm)
             self.serving[arm] = loaded
@@ -124,8 +145,9 @@ class Models:
         self._wake.set()
 
     async def check(self) -> None:
-        """Compare each alias with what serves; load and park a changed version."""
-        for arm in ARMS:
+        """Compare each alias with what serves; load and park a changed version (with the
+        shadow's, its lineage: the champion it was fine-tuned from)."""
+        for arm in ALIASES:
             try:
                 version = await asyncio.to_thread(self.version_of, self.settings, arm)
             except Exception as exc:  # registry unreachable: keep serving what is loaded
@@ -137,9 +159,14 @@ class Models:
                 continue
             if version is None:
                 self._pending[arm] = None  # alias removed: that arm stops serving
+                if arm == "shadow":
+                    self._pending_parent = None
                 continue
+            parent: str | None = None
             try:
                 loaded = await asyncio.to_thread(self.loader, self.settings, arm)
+                if arm == "shadow" and loaded is not None:
+                    parent = await asyncio.to_thread(self.parent_of, self.settings, loaded[0])
             except RegistryError as exc:
                 self._refused[arm] = version
                 self.metrics.model_refused.inc()
@@ -150,6 +177,8 @@ class Models:
                 continue
             if loaded is not None:
                 self._pending[arm] = loaded
+                if arm == "shadow":
+                    self._pending_parent = parent
                 log.info("model.loaded", arm=arm, version=loaded[0])
 
     async def watch(self, stop: asyncio.Event, redis: aioredis.Redis | None) -> None:

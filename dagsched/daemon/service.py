@@ -25,7 +25,7 @@ from aiokafka.errors import KafkaError
 from dagsched.daemon.batch import BatchLoop
 from dagsched.daemon.kafka import make_consumer, make_producer
 from dagsched.daemon.metrics import DaemonMetrics, MetricsServer
-from dagsched.daemon.models import Loader, Models, VersionOf
+from dagsched.daemon.models import ALIASES, Loader, Models, VersionOf
 from dagsched.daemon.redis_state import RedisState, connect
 from dagsched.daemon.state import StateStore
 from dagsched.daemon.updater import Updater
@@ -199,7 +199,7 @@ class Daemon:
             "redis": "degraded" if self.store.degraded else "ok",
             "redis_state_age_s": round(self.store.state_age_s(), 3),
             "kafka": "ok" if kafka_ok else "reconnecting",
-            "models": {arm: self.models.version(arm) for arm in ("champion", "challenger")},
+            "models": {arm: self.models.version(arm) for arm in ALIASES},
             "fallback": self.models.fallback.version,
             **self.stats,
         }

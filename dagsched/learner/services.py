@@ -3,10 +3,18 @@
 
 Both consume `tasks` (workflows), `decisions`, `events` (and the learner `decisionlog`) in
 their own consumer group with auto-commit off. The learner commits after each round is
-registered, so a restart resumes from the last round's offsets and from the latest challenger.
-One challenger is under test at a time: a due round waits (still joining outcomes into its
-window) until the evaluator has promoted or retired the current one. The evaluator acts only
-while it holds the Redis lease; a second one waits for it.
+registered, so a restart resumes from the last round's offsets and from the latest shadow or
+challenger. One challenger is under test at a time: a due round waits (still joining outcomes
+into its window) until the evaluator has promoted or retired the current one, unless
+`learner.keep_learning` is on: then the round registers a new version under the `shadow` alias
+instead (chained from the latest shadow or challenger of the current champion), which the
+daemons serve on the exploration slice. The evaluator, when it promotes or retires the
+challenger, makes the shadow the next challenger at once (`Promoter.shadow_to_challenger`),
+so the learner's next round finds a test running again (a shadow round that was training
+when a test ended with no shadow to follow it becomes the challenger itself). With
+`learner.min_rounds` > 1 the first challenger of each champion waits until that many rounds
+were chained on the shadow.
+The evaluator acts only while it holds the Redis lease; a second one waits for it.
 """
 
 from __future__ import annotations
@@ -77,7 +85,9 @@ class LearnerService:
         )
         self.window: deque[Joined] = deque(maxlen=self.cfg.window)
         self.completed = 0
-        self.rounds: list[str] = []
+        self.rounds: list[str] = []  # versions registered, in order
+        self.aliases: list[str] = []  # the alias each of them got (challenger or shadow)
+        self.waited = 0  # due checks that found a challenger under test and waited
         self._waiting_on: str | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -99,11 +109,14 @@ class LearnerService:
                     and self.window
                     and time.monotonic() >= next_check
                 ):
-                    if await asyncio.to_thread(self.challenger_busy):
+                    alias = await asyncio.to_thread(self.next_round)
+                    if alias is None:
+                        self.waited += 1
                         next_check = time.monotonic() + BUSY_RECHECK_S
                         continue  # keep filling the window; try again later
-                    version = await asyncio.to_thread(self.round)
+                    version = await asyncio.to_thread(self.round, alias)
                     self.rounds.append(version)
+                    self.aliases.append(alias)
                     self.completed = 0
                     await consumer.commit()
         finally:
@@ -124,26 +137,70 @@ class LearnerService:
         self._waiting_on = busy
         return busy is not None
 
-    def round(self) -> str:
-        """Fine-tune the champion's heads on the window; register it as the challenger."""
-        from dagsched.policy.bundle import save_bundle
+    def next_round(self) -> str | None:
+        """The alias a due round registers its version under: "challenger", "shadow"
+        (`keep_learning`: a challenger is under test, or fewer than `min_rounds` rounds were
+        made for the current champion), or None: wait for the evaluator's verdict."""
+        from dagsched.registry.store import CHALLENGER, CHAMPION, SHADOW
+
+        busy = self.challenger_busy()
+        if not self.cfg.keep_learning:
+            return None if busy else CHALLENGER
+        if busy:
+            return SHADOW
+        if self.cfg.min_rounds > 1:
+            self.registry.ensure_champion()
+            champion = self.registry.alias_version(CHAMPION)
+            if champion is not None and self._early(champion):
+                return SHADOW
+        return CHALLENGER
+
+    def _early(self, champion: str) -> bool:
+        """`min_rounds`: the next round for `champion` is too early to be its challenger."""
+        return self.cfg.min_rounds > 1 and self.rounds_for(champion) + 1 < self.cfg.min_rounds
+
+    def _test_ended_meanwhile(self, champion: str) -> bool:
+        """A shadow round whose reason went away while it trained: the evaluator ended the
+        test with no shadow to test next, the champion is still the one it started from, and
+        `min_rounds` are done. Then it is proposed as the challenger at once (as the
+        simulator's loop would have), not left as a shadow until the next due round."""
         from dagsched.registry.store import CHALLENGER, CHAMPION
 
+        reg = self.registry
+        return (
+            reg.alias_version(CHALLENGER) is None
+            and reg.alias_version(CHAMPION) == champion
+            and not self._early(champion)
+        )
+
+    def rounds_for(self, champion: str) -> int:
+        """Rounds registered since `champion` became the champion: the learner's versions
+        fine-tuned from it (a shadow re-parented onto it at its promotion is not counted: it
+        was made before)."""
+        return sum(
+            1
+            for v in self.registry.versions()
+            if v.tags.get("parent") == champion
+            and v.tags.get("origin") == "online-learner"
+            and not v.tags.get("reparented_from")
+        )
+
+    def round(self, alias: str | None = None) -> str:
+        """Fine-tune the champion's heads on the window; register it under `alias`: the
+        challenger (the default; a shadow it was chained from is then dropped) or, with
+        `keep_learning`, the shadow."""
+        from dagsched.policy.bundle import save_bundle
+        from dagsched.registry.store import CHALLENGER, CHAMPION, SHADOW
+
+        alias = alias or CHALLENGER
+        if alias not in (CHALLENGER, SHADOW):
+            raise ValueError(f"a round registers a challenger or a shadow, not {alias!r}")
         reg = self.registry
         reg.ensure_champion()
         parent = reg.alias_version(CHAMPION)
         assert parent is not None
         champ = reg.load(parent)
-        c = self.cfg
-        cfg = FinetuneConfig(
-            c.learning_rate,
-            c.clip_coef,
-            c.ent_coef,
-            c.max_grad_norm,
-            c.target_kl,
-            c.update_epochs,
-            c.minibatch_size,
-        )
+        cfg = self.finetune_config()
         window = learning_window(self.window, self.settings.daemon.explore_share > 0)
         start = self.resume_point(parent)
         result = finetune_heads(
@@ -155,6 +212,8 @@ class LearnerService:
             f"first {window[0].key[0]}#{window[0].key[1]}, last {window[-1].key[0]}"
         )
         resumed = start.version.removeprefix("v") if start else ""
+        if alias == SHADOW and self._test_ended_meanwhile(parent):
+            alias = CHALLENGER
         with (
             tempfile.TemporaryDirectory() as tmp,
             reg.run("online-finetune", {"parent": parent, "transitions": len(window)}) as run,
@@ -167,32 +226,60 @@ class LearnerService:
                 metrics=result.metrics,
                 parent=parent,
                 data=data,
-                tags={"origin": "online-learner", "resumed_from": resumed},
+                tags={
+                    "origin": "online-learner",
+                    "resumed_from": resumed,
+                    "registered_as": alias,
+                    "credit": cfg.credit,
+                },
                 first_is_champion=False,
             )
-        reg.set_alias(CHALLENGER, version)
+        reg.set_alias(alias, version)
+        if alias == CHALLENGER and reg.alias_version(SHADOW) is not None:
+            reg.delete_alias(SHADOW)  # the new challenger was chained from it: superseded
         log.info(
-            "learner.round", version=version, parent=parent, resumed_from=resumed, **result.metrics
+            "learner.round",
+            version=version,
+            alias=alias,
+            parent=parent,
+            resumed_from=resumed,
+            **result.metrics,
         )
         return version
 
+    def finetune_config(self) -> FinetuneConfig:
+        """A round's PPO settings, from `learner.*`."""
+        c = self.cfg
+        return FinetuneConfig(
+            c.learning_rate,
+            c.clip_coef,
+            c.ent_coef,
+            c.max_grad_norm,
+            c.target_kl,
+            c.update_epochs,
+            c.minibatch_size,
+            credit=c.credit,
+        )
+
     def resume_point(self, champion: str) -> GNNScheduler | None:
-        """The latest challenger when it is a shadow of the current champion (so learning
-        carries across rounds and restarts); None to start from the champion itself."""
+        """Where a round starts: the latest shadow, else the latest challenger, when it is of
+        the current champion's lineage (its `parent` tag is the champion), so learning carries
+        across rounds and restarts; None to start from the champion itself."""
         from dagsched.registry.errors import RegistryError
-        from dagsched.registry.store import CHALLENGER
+        from dagsched.registry.store import CHALLENGER, SHADOW
 
         reg = self.registry
-        chall = reg.alias_version(CHALLENGER)
-        if chall is None or chall == champion:
-            return None
-        if reg.client.get_model_version(reg.name, chall).tags.get("parent") != champion:
-            return None  # a challenger of an older champion: its lineage ended
-        try:
-            return reg.load(chall)
-        except RegistryError as exc:  # tampered or unreadable: start afresh, loudly
-            log.warning("learner.resume_refused", version=chall, error=str(exc))
-            return None
+        for alias in (SHADOW, CHALLENGER):
+            version = reg.alias_version(alias)
+            if version is None or version == champion:
+                continue
+            if reg.parent_of(version) != champion:
+                continue  # of an older champion: its lineage ended
+            try:
+                return reg.load(version)
+            except RegistryError as exc:  # tampered or unreadable: the next one, loudly
+                log.warning("learner.resume_refused", version=version, error=str(exc))
+        return None
 
 
 class EvaluatorService:
@@ -297,6 +384,7 @@ class EvaluatorService:
         stats = verdict.to_dict()
         version = (self.judge.challenger or "").removeprefix("v")
         record: dict[str, Any] = {"action": action, "version": version, **stats}
+        lineage = (self.judge.champion or "").removeprefix("v")  # the test's champion
         try:
             if action == "promote":
                 self.promoter.promote(version, verdict.reason, self.actor, stats)
@@ -307,6 +395,15 @@ class EvaluatorService:
                 self.promoter.rollback(verdict.reason, self.actor, stats)
         except Exception as exc:  # refused or registry away: report, keep evaluating
             record["error"] = str(exc)
+        else:
+            if action in ("promote", "retire"):
+                # keep_learning: the test is over; the learner's latest shadow is tested next
+                try:
+                    nxt = self.promoter.shadow_to_challenger(lineage, self.actor)
+                    if nxt is not None:
+                        record["next_challenger"] = nxt
+                except Exception as exc:  # the verdict stands; the learner's round goes on
+                    record["shadow_error"] = str(exc)
         self.acted += 1
         self.on_verdict(record)
         log.info("evaluator.verdict", **{k: json.dumps(v, default=str) for k, v in record.items()})

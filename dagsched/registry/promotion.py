@@ -20,7 +20,7 @@ import structlog
 
 from dagsched.registry.errors import RegistryError
 from dagsched.registry.serving import model_channel
-from dagsched.registry.store import CHALLENGER, CHAMPION, PREVIOUS, Registry
+from dagsched.registry.store import CHALLENGER, CHAMPION, PREVIOUS, SHADOW, Registry
 
 log = structlog.get_logger(__name__)
 
@@ -93,6 +93,36 @@ class Promoter:
             reg.client.delete_registered_model_alias(reg.name, CHALLENGER)
         self._record("retire", version, reg.alias_version(CHAMPION), reason, actor, stats)
 
+    def shadow_to_challenger(self, lineage: str, actor: str) -> str | None:
+        """After a test ended (promote or retire): the `shadow` (`learner.keep_learning`)
+        becomes the next `challenger` and the shadow alias is removed; returns its version,
+        or None when there is no shadow.
+
+        `lineage` is the champion the ended test ran under. A shadow fine-tuned from it is
+        tested next; when that champion was just replaced (a promotion), the shadow's
+        `parent` tag is moved onto the new champion (the old one is kept in
+        `reparented_from`), as the simulator's loop re-parents it, so the learner resumes
+        from it and the daemons serve it. A shadow of another lineage (the champion changed
+        by hand or by a rollback since it was made) is dropped, not tested. The challenger
+        alias moves before the shadow's is removed, so a learner never sees neither."""
+        reg = self.registry
+        shadow = reg.alias_version(SHADOW)
+        if shadow is None:
+            return None
+        parent = reg.parent_of(shadow)
+        champion = reg.alias_version(CHAMPION)
+        if parent != lineage or shadow == champion:
+            reg.delete_alias(SHADOW)
+            log.warning("model.shadow_dropped", version=shadow, parent=parent, lineage=lineage)
+            return None
+        if champion is not None and champion != parent:
+            reg.client.set_model_version_tag(reg.name, shadow, "parent", champion)
+            reg.client.set_model_version_tag(reg.name, shadow, "reparented_from", parent or "")
+        reg.set_alias(CHALLENGER, shadow)
+        reg.delete_alias(SHADOW)
+        self._record("challenger", shadow, champion, "the latest shadow", actor, None)
+        return shadow
+
     def _record(
         self,
         action: str,
@@ -126,7 +156,7 @@ class Promoter:
         except Exception as exc:  # the alias moved: say so loudly, do not undo it
             log.error("audit.write_failed", action=action, version=version, error=str(exc))
         log.info("model." + action, version=version, previous=old, actor=actor, reason=reason)
-        if action != "retire":
+        if action != "retire":  # a new champion, or challenger: reload now
             self.notify(json.dumps({"action": action, "version": version, "from": old}))
         return record
 

@@ -44,3 +44,13 @@ def load_alias(settings: Settings, alias: str) -> tuple[str, Scheduler] | None:
     if name is None:
         return None
     return name, Registry(settings).load(name.removeprefix("v"))
+
+
+def parent_version(settings: Settings, name: str) -> str | None:
+    """The `parent` tag of version `name` ("v3"): the champion it was fine-tuned from, named
+    the same way ("v1"), or None. MLflow's own errors pass through (an unreachable registry
+    is not a refusal of the version)."""
+    from dagsched.registry.store import Registry
+
+    parent = Registry(settings).parent_of(name.removeprefix("v"))
+    return None if parent is None else f"v{parent}"

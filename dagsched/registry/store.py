@@ -30,6 +30,9 @@ if TYPE_CHECKING:
 
 SHIPPED_CHAMPION = Path(__file__).resolve().parents[2] / "models" / "champion"
 CHAMPION, CHALLENGER, PREVIOUS = "champion", "challenger", "previous"
+# the learner's latest version while a challenger is under test (`learner.keep_learning`):
+# serves the exploration slice, and is the next challenger once the test ends
+SHADOW = "shadow"
 BUNDLE_PATH = "bundle"
 
 
@@ -144,6 +147,18 @@ class Registry:
     def set_alias(self, alias: str, version: str) -> None:
         self.client.set_registered_model_alias(self.name, alias, version)
 
+    def delete_alias(self, alias: str) -> None:
+        """Take `alias` off whatever version carries it (a no-op when none does)."""
+        from mlflow.exceptions import MlflowException
+
+        with contextlib.suppress(MlflowException):
+            self.client.delete_registered_model_alias(self.name, alias)
+
+    def parent_of(self, version: str) -> str | None:
+        """The `parent` tag of `version` (the champion it was fine-tuned from), or None."""
+        parent = self.client.get_model_version(self.name, version).tags.get("parent")
+        return parent or None
+
     def versions(self) -> list[Any]:
         """Every version, newest first."""
         from mlflow.exceptions import MlflowException
@@ -208,4 +223,12 @@ class Registry:
         return version
 
 
-__all__ = ["CHALLENGER", "CHAMPION", "PREVIOUS", "Registry", "RegistryError", "save_bundle"]
+__all__ = [
+    "CHALLENGER",
+    "CHAMPION",
+    "PREVIOUS",
+    "SHADOW",
+    "Registry",
+    "RegistryError",
+    "save_bundle",
+]

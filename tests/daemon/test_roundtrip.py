@@ -65,7 +65,11 @@ async def test_tasks_get_decisions_and_offsets_follow(
     assert m.value("dagsched_model_info", arm="champion", version="v1") == 1
     assert m.value("dagsched_decision_latency_seconds_count") == 3
     health = await d.health()
-    assert health["status"] == "ok" and health["models"] == {"champion": "v1", "challenger": None}
+    assert health["status"] == "ok" and health["models"] == {
+        "champion": "v1",
+        "challenger": None,
+        "shadow": None,
+    }
 
 
 async def _eq(aw, value) -> bool:

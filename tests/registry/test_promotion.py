@@ -16,7 +16,7 @@ from dagsched.policy.normalizer import FeatureNormalizer
 from dagsched.registry.errors import RegistryError
 from dagsched.registry.promotion import Promoter, audit_trail
 from dagsched.registry.serving import model_channel
-from dagsched.registry.store import CHALLENGER, CHAMPION, PREVIOUS, Registry
+from dagsched.registry.store import CHALLENGER, CHAMPION, PREVIOUS, SHADOW, Registry
 from dagsched.settings import load_settings
 from tests.conftest import clone_mlflow_home
 
@@ -89,3 +89,31 @@ def test_tampered_version_is_refused_and_the_champion_keeps_serving(
     assert notices == [] and audit_trail(registry) == []
     assert registry.load(v1).version == f"v{v1}"
     assert time.time() - started < 30
+
+
+def test_a_shadow_of_another_lineage_is_dropped_not_tested(
+    registry: Registry, tmp_path: Path, normalizer: FeatureNormalizer
+) -> None:
+    """After a test ends, only a shadow fine-tuned from the champion the test ran under is
+    tested next (the learner's alias flow, `learner.keep_learning`); one made under an older
+    champion, say before a rollback, loses its alias and no challenger is proposed."""
+    v1 = _register(registry, tmp_path / "b1", 1, normalizer)
+    torch.manual_seed(3)
+    save_bundle(tmp_path / "b3", ActorCritic().eval(), normalizer)
+    with registry.run("test", {}) as run:
+        stale = registry.register_bundle(
+            tmp_path / "b3", run.run_id, metrics={}, parent="999", data="t"
+        )
+    registry.set_alias(SHADOW, stale)
+    notices: list[str] = []
+    assert Promoter(registry, notices.append).shadow_to_challenger(v1, "tester") is None
+    assert registry.aliases() == {CHAMPION: v1}
+    assert notices == [] and audit_trail(registry) == []
+    # and one of the lineage is: a challenger move, audited and announced
+    with registry.run("test", {}) as run:
+        ok = registry.register_bundle(tmp_path / "b3", run.run_id, metrics={}, parent=v1, data="t")
+    registry.set_alias(SHADOW, ok)
+    assert Promoter(registry, notices.append).shadow_to_challenger(v1, "tester") == ok
+    assert registry.aliases() == {CHAMPION: v1, CHALLENGER: ok}
+    assert [json.loads(n)["action"] for n in notices] == ["challenger"]
+    assert [r["action"] for r in audit_trail(registry)] == ["challenger"]
