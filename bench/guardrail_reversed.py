@@ -21,14 +21,15 @@ The defaults lift the KL limit that keeps a learner's round near its champion (0
 loop): with it, 3 reversed rounds at 2e-3 made a version only 4 SLA points worse, which the
 guardrail did not tell from the champion within its window.
 
-Writes bench/results/guardrail_reversed.{json,png} (`--out` folder).
+Writes bench/results/guardrail_reversed.{json,png} (`--out` folder). `--copy` is the control:
+the champion's own copy promoted the same way (guardrail_copy.{json,png}); exit status 1
+when the bad version is not rolled back, or the copy is.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -151,6 +152,12 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--train-workflows", type=int, default=100)
     ap.add_argument("--eval-seeds", type=int, default=2)
     ap.add_argument("--eval-workflows", type=int, default=150)
+    ap.add_argument("--serve-seed", type=int, default=SERVE_SEED)
+    ap.add_argument(
+        "--copy",
+        action="store_true",
+        help="the control: promote an identical copy of the champion instead (no fine-tuning)",
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON object (the summary)")
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
     add_finetune_args(ap, lr=5e-3, credit="task-critic")
@@ -164,27 +171,33 @@ def main() -> int:
     started = time.perf_counter()
     settings = load_settings(profile=args.profile)
     champion = load_bundle(CHAMPION, "v1")
-    sc_train = scenario(args.profile, args.train_workflows)
-    bad, rounds = reversed_version(champion, sc_train, args)
+    if args.copy:
+        bad, rounds = GNNScheduler(champion.model, champion.normalizer, "copy"), []
+    else:
+        bad, rounds = reversed_version(champion, scenario(args.profile, args.train_workflows), args)
+    seed = args.serve_seed
 
     sc = scenario(args.profile, args.workflows)
-    at = [w.arrival_s for w in workload(sc, SERVE_SEED, args.workflows)][args.promote_at]
+    at = [w.arrival_s for w in workload(sc, seed, args.workflows)][args.promote_at]
     cfg = LoopConfig(learn=True, every_n=10**9, share=0.0, evaluator=settings.evaluator)
-    loop = SimLoop(champion, cfg, seed=SERVE_SEED)
-    sim = Simulator(sc, workload(sc, SERVE_SEED, args.workflows), seed=SERVE_SEED)
+    loop = SimLoop(champion, cfg, seed=seed)
+    sim = Simulator(sc, workload(sc, seed, args.workflows), seed=seed)
     loop.run(sim, until=at)
     promoted = loop.promote_by_hand(bad, sim.now, by="bench (hand)")
     results = loop.run(sim)
-    arrivals = [w.arrival_s for w in workload(sc, SERVE_SEED, args.workflows)]
-    events = events_doc(SERVE_SEED, loop.events, arrivals)
+    arrivals = [w.arrival_s for w in workload(sc, seed, args.workflows)]
+    events = events_doc(seed, loop.events, arrivals)
     back = next((e for e in events if e["kind"] == "rollback"), None)
     served_bad = sum(1 for w in results if w.version == promoted)
     judged = back["stats"]["sla"]["n_challenger"] if back else None
 
     ev_sc = scenario(args.profile, args.eval_workflows)
     seeds = [EVAL_SEED + k for k in range(args.eval_seeds)]
-    held = {"champion": alone(ev_sc, champion, seeds), "reversed": alone(ev_sc, bad, seeds)}
+    held = {"champion": alone(ev_sc, champion, seeds)}
+    if not args.copy:
+        held["reversed"] = alone(ev_sc, bad, seeds)
     summary: dict[str, Any] = {
+        "promoted": "copy of the champion" if args.copy else "reversed-reward version",
         "promoted_at_arrival": args.promote_at,
         "rolled_back": back is not None,
         "rolled_back_at_arrival": back["arrived"] if back else None,
@@ -206,27 +219,28 @@ def main() -> int:
         "events": events,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "guardrail_reversed.json").write_text(json.dumps(to_jsonable(doc), indent=2))
-    plot(args.out / "guardrail_reversed.png", results, events, args.workflows)
+    name = "guardrail_copy" if args.copy else "guardrail_reversed"
+    (args.out / f"{name}.json").write_text(json.dumps(to_jsonable(doc), indent=2))
+    plot(args.out / f"{name}.png", results, events, args.workflows)
     if args.json:
         print(json.dumps(to_jsonable(summary)))
         return 0
     h = held
     print(
-        f"held out ({len(seeds)} x {args.eval_workflows}): champion SLA {h['champion']['sla']:.3f}"
-        f" / {h['champion']['mean_jct_s']:,.0f} s; reversed {h['reversed']['sla']:.3f}"
-        f" / {h['reversed']['mean_jct_s']:,.0f} s"
+        f"held out ({len(seeds)} x {args.eval_workflows}): "
+        + "; ".join(f"{k} SLA {v['sla']:.3f} / {v['mean_jct_s']:,.0f} s" for k, v in h.items())
     )
     if back is None:
-        print(f"promoted {promoted} at arrival {args.promote_at}: NOT rolled back", file=sys.stderr)
-        return 1
+        what = summary["promoted"]
+        print(f"promoted {promoted} ({what}) at arrival {args.promote_at}: not rolled back")
+        return 0 if args.copy else 1
     print(
         f"promoted {promoted} by hand at arrival {args.promote_at}; rolled back at arrival "
         f"{back['arrived']}: {served_bad} workflows arrived while it served, {judged} of them "
         f"finished and judged (window {settings.evaluator.guardrail_window}): {back['reason']}"
     )
-    print(f"{summary['wall_s']} s; {args.out / 'guardrail_reversed.json'}")
-    return 0
+    print(f"{summary['wall_s']} s; {args.out / (name + '.json')}")
+    return 1 if args.copy else 0
 
 
 if __name__ == "__main__":

@@ -12,8 +12,8 @@
   replay window, starting from the current challenger when its parent is the current champion,
   else from the champion (the KL limit is to the champion), and the result becomes the
   challenger. As in the services, a due round waits while a challenger is under test, unless
-  `replace_challenger` (then every round replaces it and restarts the test) or, in the
-  simulator only, `keep_learning` (then it improves a shadow, which explores, and the latest
+  `replace_challenger` (then every round replaces it and restarts the test) or
+  `keep_learning` (then it improves a shadow, which explores, and the latest
   shadow is the next challenger when the test ends).
 - **Evaluator.** One `Sample` per finished workflow (SLA met, mean reward, arm and version of its
   first decided task) goes to a `Judge`; promote makes the challenger champion (the old one
@@ -62,14 +62,15 @@ class LoopConfig:
     # the champion while there is none, with sampled actions: the learner's exploration. Not
     # judged; when > 0 the learner fine-tunes on these workflows' attempts only
     explore_share: float = 0.0
-    # simulator only, the services do not have it (README "The shifted world"): while a
+    # learner.keep_learning in the services (README "Keeping on learning during a test"): while a
     # challenger is under test, due rounds go on improving a shadow of the champion, which
     # serves the exploration slice (so what the learner learns from stays on-policy); when
     # the test ends, the latest shadow becomes the next challenger at once
     keep_learning: bool = False
     # with keep_learning: rounds chained on the shadow before the first challenger of each
     # champion is tested. A one-round challenger is barely different from its champion,
-    # and its test holds the judge for most of a run (README "A first challenger worth a test")
+    # and its test holds the judge for most of a run (README "Exploration that does not hurt the
+    # champion"); learner.min_rounds in the services
     min_rounds: int = 1
 
 

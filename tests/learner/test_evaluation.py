@@ -8,7 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from dagsched.learner.evaluation import Judge, Sample, WorkflowOutcomes
+from dagsched.learner.evaluation import GUARDRAIL_MIN_SAMPLES, Judge, Sample, WorkflowOutcomes
 from dagsched.learner.online import Joined, OutcomeJoiner
 from dagsched.learner.sequential import DecisionRule
 from dagsched.schemas.messages import TaskSpecMsg, WorkflowMsg
@@ -110,3 +110,21 @@ def test_judge_does_not_watch_a_champion_change_that_is_no_promotion() -> None:
     judge.versions("v1", None, previous=None)  # a rollback: no previous left
     assert judge.watch is None
     assert all(_feed(judge, rng, "v1", 0.4) is None for _ in range(300))
+
+
+def test_one_late_workflow_does_not_roll_back_a_hand_promotion() -> None:
+    """The guardrail waits for `GUARDRAIL_MIN_SAMPLES` of the new champion's workflows: a
+    single miss after an old champion at SLA 0.99 is no evidence (it used to roll back)."""
+    judge = Judge(RULE, guardrail_window=300)
+    judge.versions("v1", None)
+    for i in range(100):
+        judge.add(Sample(f"wf-{i}", "champion", "v1", float(i != 0), -0.5, 0.5))
+    judge.versions("v2", None, previous="v1")
+    late = Sample("wf-a", "champion", "v2", 0.0, -0.5, 0.5)
+    assert judge.add(late) is None
+    on_time = [Sample(f"wf-b{i}", "champion", "v2", 1.0, -0.5, 0.5) for i in range(30)]
+    assert all(judge.add(s) is None for s in on_time)
+    # a champion that misses every deadline is still rolled back, at the minimum
+    judge.versions("v3", None, previous="v2")
+    actions = [judge.add(Sample(f"wf-c{i}", "champion", "v3", 0.0, -0.5, 0.5)) for i in range(12)]
+    assert actions.index(next(a for a in actions if a)) == GUARDRAIL_MIN_SAMPLES - 1

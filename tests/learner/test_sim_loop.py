@@ -3,6 +3,7 @@ daemon's buckets, verdicts move the versions, and without a learner nothing chan
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -19,6 +20,7 @@ from dagsched.policy.bundle import load_bundle
 from dagsched.policy.model import ACTOR_HEADS
 from dagsched.policy.scheduler import GNNScheduler
 from dagsched.schemas.ab import workflow_bucket
+from dagsched.service_config import EvaluatorSettings
 from dagsched.sim.config import DriftConfig, ScenarioConfig
 from dagsched.sim.engine import Simulator
 from dagsched.sim.runner import generate_workflows
@@ -167,3 +169,41 @@ def test_keep_learning_trains_shadows_during_a_test_and_tests_the_latest_next(
     loop.act(99.0, "retire", Verdict("retire", "futile", "rule", {}))
     assert loop.challenger == rounds[-1].version and loop.shadow is None
     assert [e.kind for e in loop.events[-2:]] == ["retire", "challenger"]
+
+
+def _sabotaged(champion: GNNScheduler) -> GNNScheduler:
+    """The champion with its memory and CPU means at their floors: OOM kills, slow tasks."""
+    model = copy.deepcopy(champion.model)
+    with torch.no_grad():
+        model.cont_head[-1].bias[0] -= 12.0
+        model.cont_head[-1].bias[2] -= 12.0
+    return GNNScheduler(model, champion.normalizer, "bad")
+
+
+def test_a_bad_version_promoted_by_hand_is_rolled_back_by_the_guardrail(
+    champion: GNNScheduler,
+) -> None:
+    """`promote_by_hand` (the bench's `dagsched models promote`): a sabotaged version is rolled
+    back within the guardrail's window and the champion serves again. (The guardrail compares
+    the new champion's SLA after the promotion with the old one's before it; as the cluster
+    fills, that also rolls back a copy of the champion in some runs: README "The guardrail,
+    against a version promoted by hand".)"""
+    sc = replace(_scenario(120), drift=None)
+    window = 60
+    ev = EvaluatorSettings(guardrail_window=window)
+    loop = SimLoop(champion, LoopConfig(every_n=10**9, share=0.0, evaluator=ev), seed=5)
+    sim = Simulator(sc, generate_workflows(sc, 5), seed=5)
+    loop.run(sim, until=sorted(w.arrival_s for w in generate_workflows(sc, 5))[20])
+    version = loop.promote_by_hand(_sabotaged(champion), sim.now)
+    assert (loop.champion, loop.previous) == (version, "v1")
+    results = loop.run(sim)
+    assert [w for w in results if w.version == version]  # it served before any verdict
+    assert [(e.kind, e.version) for e in loop.events] == [
+        ("promote", version),
+        ("rollback", version),
+    ]
+    assert (loop.champion, loop.previous) == ("v1", None)
+    rollback = loop.events[-1].detail
+    assert rollback["reason"].startswith(f"guardrail: SLA of {version}")
+    assert rollback["stats"]["sla"]["n_challenger"] <= window
+    assert results[-1].version == "v1"  # the champion serves again
