@@ -126,7 +126,7 @@ async def test_guardrail_rolls_back_a_bad_version_promoted_by_hand(
     daemon = await start_daemon(s, registry=True)
     await daemon.until_serving("champion", f"v{good}", timeout=60)
     enough = asyncio.Event()
-    replay = asyncio.create_task(Replay(s, ReplayConfig(workflows=160, seed=5)).run(enough))
+    replay = asyncio.create_task(Replay(s, ReplayConfig(workflows=300, seed=5)).run(enough))
     try:
         # the good champion serves first, so the guardrail has a baseline
         await wait_for(lambda: evaluator.samples >= 40, 300, "40 workflows of the champion")

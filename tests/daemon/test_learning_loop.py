@@ -6,27 +6,17 @@ import asyncio
 import time
 from pathlib import Path
 
-import numpy as np
-
 from dagsched.daemon.broker import ensure_topics
 from dagsched.learner.curriculum import Curriculum
 from dagsched.learner.services import LearnerService
 from dagsched.learner.train import demonstrations
 from dagsched.registry.promotion import Promoter
 from dagsched.registry.store import CHALLENGER, CHAMPION, PREVIOUS, Registry
-from dagsched.schemas.messages import (
-    DecisionLogMsg,
-    DecisionMsg,
-    TaskFinishedMsg,
-    TaskSpecMsg,
-    TaskStartedMsg,
-    WorkflowMsg,
-)
 from dagsched.settings import Settings
 from dagsched.sim.config import ScenarioConfig
-from dagsched.sim.observation import observation_to_dict
 from tests.conftest import clone_mlflow_home
 from tests.daemon.conftest import Client, make_settings, wait_for
+from tests.daemon.learner_feed import publish_decided
 
 
 async def test_learner_registers_a_challenger_from_the_logs(
@@ -42,49 +32,7 @@ async def test_learner_registers_a_challenger_from_the_logs(
     obs, nodes, units = demonstrations(
         Curriculum(ScenarioConfig(), workflows_per_episode=2), 1, "heft", seed=2
     )
-    client = await Client(s).start()
-    rng = np.random.default_rng(0)
-    try:
-        spec = TaskSpecMsg(name="t", type="cpu", duration_s=10, cpu_cores=2, mem_gb=4)
-        for w in range(10):
-            wf = f"wf-{w}"
-            msg = WorkflowMsg(workflow_id=wf, tasks=[spec] * 5, edges=[], deadline_s=30)
-            await client.send("tasks", msg.encode(), wf)
-            for t in range(5):
-                i = (w * 5 + t) % len(obs)
-                common = {"workflow_id": wf, "task": t, "attempt": 0}
-                dec = DecisionMsg(
-                    **common,
-                    node="node-0000",
-                    cpu=0.2,
-                    mem=0.3,
-                    max_retries=3,
-                    model_version=f"v{champion}",
-                    arm="champion",
-                    log_prob=-1.0,
-                    decided_at=time.time(),
-                    latency_ms=1.0,
-                )
-                log = DecisionLogMsg(
-                    **common,
-                    model_version=f"v{champion}",
-                    arm="champion",
-                    node_index=nodes[i],
-                    unit=list(units[i]),
-                    log_prob=-1.0,
-                    value=0.0,
-                    decided_at=time.time(),
-                    observation=observation_to_dict(obs[i]),
-                )
-                end = float(rng.uniform(5, 60))
-                await client.send("decisions", dec.encode(), wf)
-                await client.send("decisionlog", log.encode(), wf)
-                started = TaskStartedMsg(**common, node="node-0000", at=0.0)
-                await client.send("events", started.encode(), "node-0000")
-                done = TaskFinishedMsg(**common, node="node-0000", at=end)
-                await client.send("events", done.encode(), "node-0000")
-    finally:
-        await client.close()
+    await publish_decided(s, (obs, nodes, units), str(champion))
 
     learner = LearnerService(s)
     stop = asyncio.Event()

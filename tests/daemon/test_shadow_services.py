@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 from dagsched.daemon.broker import ensure_topics
@@ -32,7 +31,6 @@ from dagsched.registry.store import (
     Registry,
 )
 from dagsched.schemas.messages import (
-    DecisionLogMsg,
     DecisionMsg,
     TaskFinishedMsg,
     TaskSpecMsg,
@@ -41,12 +39,11 @@ from dagsched.schemas.messages import (
 )
 from dagsched.settings import Settings, SettingsError
 from dagsched.sim.config import ScenarioConfig
-from dagsched.sim.observation import observation_to_dict
 from tests.conftest import clone_mlflow_home
 from tests.daemon.conftest import Client, make_settings, register_version, wait_for
+from tests.daemon.learner_feed import Demos, publish_decided
 
 EVERY_N = 40  # learner.every_n_tasks: one round per 8 of the 5-task workflows below
-Demos = tuple[list[Any], list[int], list[Any]]
 
 
 @pytest.fixture(scope="module")
@@ -75,43 +72,6 @@ async def _store(
 
 def _learner(s: Settings, **learner: Any) -> LearnerService:
     return LearnerService(s.model_copy(update={"learner": s.learner.model_copy(update=learner)}))
-
-
-async def _publish_decided(
-    s: Settings, demos: Demos, version: str, first: int = 0, n_wf: int = 10
-) -> None:
-    """`n_wf` workflows of 5 tasks, each decided (decision + decision log) by `version` and
-    finished: 5 x `n_wf` trainable transitions for the learner."""
-    obs, nodes, units = demos
-    rng = np.random.default_rng(first)
-    client = await Client(s).start()
-    try:
-        spec = TaskSpecMsg(name="t", type="cpu", duration_s=10, cpu_cores=2, mem_gb=4)
-        for w in range(first, first + n_wf):
-            wf = f"wf-{w}"
-            msg = WorkflowMsg(workflow_id=wf, tasks=[spec] * 5, edges=[], deadline_s=30)
-            await client.send("tasks", msg.encode(), wf)
-            for t in range(5):
-                i = (w * 5 + t) % len(obs)
-                common = {"workflow_id": wf, "task": t, "attempt": 0}
-                dec = DecisionMsg(
-                    **common, node="node-0000", cpu=0.2, mem=0.3, max_retries=3,
-                    model_version=f"v{version}", arm="champion", log_prob=-1.0,
-                    decided_at=time.time(), latency_ms=1.0,
-                )  # fmt: skip
-                log = DecisionLogMsg(
-                    **common, model_version=f"v{version}", arm="champion",
-                    node_index=nodes[i], unit=list(units[i]), log_prob=-1.0, value=0.0,
-                    decided_at=time.time(), observation=observation_to_dict(obs[i]),
-                )  # fmt: skip
-                await client.send("decisions", dec.encode(), wf)
-                await client.send("decisionlog", log.encode(), wf)
-                started = TaskStartedMsg(**common, node="node-0000", at=0.0)
-                await client.send("events", started.encode(), "node-0000")
-                done = TaskFinishedMsg(**common, node="node-0000", at=float(rng.uniform(5, 60)))
-                await client.send("events", done.encode(), "node-0000")
-    finally:
-        await client.close()
 
 
 @contextlib.asynccontextmanager
@@ -146,7 +106,7 @@ async def test_a_due_round_improves_the_shadow_while_a_challenger_is_under_test(
     s, reg, champion = await _store(broker, redis_url, tmp_path, champion_template)
     chall = await asyncio.to_thread(register_version, reg, "under A/B test")
     await asyncio.to_thread(reg.set_alias, CHALLENGER, chall)
-    await _publish_decided(s, demos, champion)
+    await publish_decided(s, demos, champion)
 
     # keep_learning off (the default): the due round waits for the verdict
     waiting = _learner(s, group_id="waiting")
@@ -195,7 +155,7 @@ async def test_min_rounds_chains_shadows_before_the_first_challenger(
             "learner.credit": "task-critic",
         },
     )
-    await _publish_decided(s, demos, champion)
+    await publish_decided(s, demos, champion)
     learner = LearnerService(s)
     async with _running(learner) as task:
         await wait_for(lambda: learner.rounds or task.done(), 90, "the first round")
@@ -204,7 +164,7 @@ async def test_min_rounds_chains_shadows_before_the_first_challenger(
         assert learner.aliases == [SHADOW]
         assert reg.aliases() == {CHAMPION: champion, SHADOW: first}
         assert _tags(reg, first)["resumed_from"] == ""
-        await _publish_decided(s, demos, champion, first=10)
+        await publish_decided(s, demos, champion, first=10)
         await wait_for(lambda: len(learner.rounds) > 1 or task.done(), 90, "the second round")
     second = learner.rounds[1]
     assert learner.aliases == [SHADOW, CHALLENGER]
