@@ -54,6 +54,7 @@ from dagsched.policy.explanation import (
 )
 from dagsched.policy.model import ActorCritic, from_unit
 from dagsched.policy.normalizer import FeatureNormalizer
+from dagsched.policy.ties import best_node
 from dagsched.sim.observation import Observation
 
 
@@ -148,7 +149,7 @@ def explain_observation(
         )
         logits = out.logits[0].numpy().astype(np.float64)
     if chosen is None:
-        chosen = int(np.argmax(logits))
+        chosen = best_node(logits)
     if not (0 <= chosen < n):
         raise ExplainError(f"chosen node index {chosen} outside the observation's {n} nodes")
     runner_up = runner_up_of(logits, obs.mask, chosen)

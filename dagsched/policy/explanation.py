@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from dagsched.policy.ties import best_node
 from dagsched.sim.observation import (
     CLUSTER_FEATURES,
     DAG_FEATURES,
@@ -138,7 +139,7 @@ class Explanation:
     @property
     def recomputed_choice(self) -> int:
         """The node the model picks now (argmax of the recomputed logits)."""
-        return int(np.argmax(self.logits))
+        return best_node(self.logits)
 
     @property
     def probabilities(self) -> np.ndarray:

@@ -30,6 +30,7 @@ from dagsched.policy.api import Placement
 from dagsched.policy.batch_observation import BatchObservation, DagCache
 from dagsched.policy.model import CONC_SCALE
 from dagsched.policy.numpy_net import F32, NumpyNet, batch_graph
+from dagsched.policy.ties import best_node
 from dagsched.sim.observation import ANCHOR_FLOOR, Observation
 from dagsched.sim.state import CPU_BOUNDS, MEM_BOUNDS, RETRY_BOUNDS
 from dagsched.sim.view import ClusterView, TaskView
@@ -136,7 +137,7 @@ def _choose(logits: np.ndarray, rng: np.random.Generator | None) -> tuple[int, f
     ex = np.exp(z - top)
     total = ex.sum()
     if rng is None:
-        node = int(np.argmax(logits))
+        node = best_node(logits)
     else:
         cdf = np.cumsum(ex)
         node = int(np.searchsorted(cdf, rng.random() * total, side="right"))

@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from torch.distributions import Beta, Categorical
 from torch_geometric.nn import AttentionalAggregation, GATv2Conv
 
+from dagsched.policy.ties import TIE_TOL
 from dagsched.sim.observation import (
     ANCHOR_FLOOR,
     CLUSTER_FEATURES,
@@ -209,8 +210,9 @@ def act(out: PolicyOutput, deterministic: bool) -> tuple[Tensor, Tensor, Tensor]
     Deterministic: argmax node and the Beta means (serving). Otherwise sampled (training).
     The log-probability is `evaluate`'s, without the entropy it does not need.
     """
-    if deterministic:
-        node = out.logits.argmax(-1)
+    if deterministic:  # the first of (near-)equal best nodes, as `ties.best_node`
+        best = out.logits.max(-1, keepdim=True).values
+        node = (out.logits >= best - TIE_TOL).int().argmax(-1)
     else:
         node = Categorical(logits=out.logits, validate_args=False).sample()
     beta = beta_at(out, node)
