@@ -38,18 +38,16 @@ from typing import Any
 import numpy as np
 import torch
 from harness.finetune_args import add_finetune_args, finetune_config
-from online_shift import CHAMPION, events_doc, workload
+from online_shift import CHAMPION, events_doc, held_out, workload
 
 from dagsched.learner.online import finetune_heads
 from dagsched.learner.sim_loop import LoopConfig, SimLoop, WorkflowResult
-from dagsched.policy.api import SchedulerPolicy
 from dagsched.policy.bundle import load_bundle
 from dagsched.policy.scheduler import GNNScheduler
 from dagsched.reporting import to_jsonable
 from dagsched.settings import load_settings
 from dagsched.sim.config import ScenarioConfig, ShiftConfig
 from dagsched.sim.engine import Simulator
-from dagsched.sim.runner import simulate
 
 TRAIN_SEED = 50_000
 SERVE_SEED = 51_000
@@ -89,15 +87,6 @@ def reversed_version(
         metrics.append(result.metrics)
     assert model is not None
     return GNNScheduler(model, champion.normalizer, "reversed"), metrics
-
-
-def alone(sc: ScenarioConfig, sched: GNNScheduler, seeds: list[int]) -> dict[str, float]:
-    rows = [simulate(sc, SchedulerPolicy(sched), seed=s) for s in seeds]
-    return {
-        "sla": float(np.mean([r["sla_attainment"] for r in rows])),
-        "mean_jct_s": float(np.mean([r["mean_jct_s"] for r in rows])),
-        "oom_kills": float(np.mean([r["oom_kills"] for r in rows])),
-    }
 
 
 def by_version(results: list[WorkflowResult]) -> dict[str, dict[str, float]]:
@@ -191,11 +180,11 @@ def main() -> int:
     served_bad = sum(1 for w in results if w.version == promoted)
     judged = back["stats"]["sla"]["n_challenger"] if back else None
 
-    ev_sc = scenario(args.profile, args.eval_workflows)
     seeds = [EVAL_SEED + k for k in range(args.eval_seeds)]
-    held = {"champion": alone(ev_sc, champion, seeds)}
+    scheds: dict[str, GNNScheduler | str] = {"champion": champion}
     if not args.copy:
-        held["reversed"] = alone(ev_sc, bad, seeds)
+        scheds["reversed"] = bad
+    held = held_out(settings.sim, scheds, seeds, args.eval_workflows)
     summary: dict[str, Any] = {
         "promoted": "copy of the champion" if args.copy else "reversed-reward version",
         "promoted_at_arrival": args.promote_at,

@@ -18,7 +18,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from dagsched.learner.online import Joined, OutcomeJoiner
+from dagsched.learner.joining import Joined, OutcomeJoiner
 from dagsched.learner.sequential import ABTest, DecisionRule, Running, Verdict, compare
 from dagsched.service_config import EvaluatorSettings
 

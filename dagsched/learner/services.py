@@ -34,13 +34,8 @@ import structlog
 from aiokafka import AIOKafkaConsumer
 
 from dagsched.learner.evaluation import Judge, Lease, WorkflowOutcomes, rule_from
-from dagsched.learner.online import (
-    FinetuneConfig,
-    Joined,
-    OutcomeJoiner,
-    finetune_heads,
-    learning_window,
-)
+from dagsched.learner.joining import Joined, OutcomeJoiner
+from dagsched.learner.online import FinetuneConfig, finetune_heads, learning_window
 from dagsched.policy.scheduler import GNNScheduler
 from dagsched.schemas.messages import BadMessage, decode
 from dagsched.settings import Settings

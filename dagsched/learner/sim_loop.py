@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from dagsched.learner.evaluation import Judge, Sample, rule_from, workflow_speed
-from dagsched.learner.online import FinetuneConfig, Joined, finetune_heads, learning_window
+from dagsched.learner.joining import Joined
+from dagsched.learner.online import FinetuneConfig, finetune_heads, learning_window
 from dagsched.policy.scheduler import GNNScheduler
 from dagsched.schemas.ab import workflow_bucket
 from dagsched.service_config import EvaluatorSettings

@@ -137,7 +137,7 @@ def _choose(logits: np.ndarray, rng: np.random.Generator | None) -> tuple[int, f
     ex = np.exp(z - top)
     total = ex.sum()
     if rng is None:
-        node = best_node(logits)
+        node = best_node(z, top)
     else:
         cdf = np.cumsum(ex)
         node = int(np.searchsorted(cdf, rng.random() * total, side="right"))

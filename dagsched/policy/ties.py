@@ -15,7 +15,8 @@ import numpy as np
 TIE_TOL = 1e-5  # logits within this of the best are a tie
 
 
-def best_node(logits: np.ndarray) -> int:
-    """The lowest index whose logit is within `TIE_TOL` of the largest."""
+def best_node(logits: np.ndarray, top: float | None = None) -> int:
+    """The lowest index whose logit is within `TIE_TOL` of the largest (`top`, when the
+    caller has it)."""
     z = np.asarray(logits)
-    return int(np.flatnonzero(z >= z.max() - TIE_TOL)[0])
+    return int(np.flatnonzero(z >= (z.max() if top is None else top) - TIE_TOL)[0])

@@ -16,7 +16,7 @@ from dagsched.learner.decision_log import (
     encode_view,
     logged,
 )
-from dagsched.learner.online import OutcomeJoiner
+from dagsched.learner.joining import OutcomeJoiner
 from dagsched.policy.bundle import load_bundle
 from dagsched.policy.scheduler import GNNScheduler
 from dagsched.schemas.messages import (

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from dagsched.learner.evaluation import GUARDRAIL_MIN_SAMPLES, Judge, Sample, WorkflowOutcomes
-from dagsched.learner.online import Joined, OutcomeJoiner
+from dagsched.learner.joining import Joined, OutcomeJoiner
 from dagsched.learner.sequential import DecisionRule
 from dagsched.schemas.messages import TaskSpecMsg, WorkflowMsg
 from dagsched.sim.config import RewardWeights

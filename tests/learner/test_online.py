@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from dagsched.learner.curriculum import Curriculum
-from dagsched.learner.online import FinetuneConfig, Joined, OutcomeJoiner, finetune_heads
+from dagsched.learner.joining import Joined, OutcomeJoiner
+from dagsched.learner.online import FinetuneConfig, finetune_heads
 from dagsched.learner.train import demonstrations
 from dagsched.policy.model import ACTOR_HEADS, ActorCritic
 from dagsched.policy.normalizer import FeatureNormalizer

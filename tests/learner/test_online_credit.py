@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dagsched.learner.online import Joined, advantages
+from dagsched.learner.joining import Joined
+from dagsched.learner.online import advantages
 
 
 def _j(task: str, attempt: int, reward: float) -> Joined:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from dagsched.learner.online import Joined, OutcomeJoiner
+from dagsched.learner.joining import Joined, OutcomeJoiner
 from dagsched.schemas.messages import (
     DecisionLogMsg,
     DecisionMsg,

@@ -1,0 +1,260 @@
+"""Joining the serving logs: each decided attempt with its outcome and reward.
+
+`OutcomeJoiner` joins, by (task key, attempt), a decision (`dagsched.decisions`: node and
+reservation), its decision-log record (`dagsched.decisionlog`: a task of a `decision_batch`,
+whose observation is replayed from the logged view and the workflows, or an older
+`decision_log` with the raw observation; the unit action, behaviour log-prob and value), the
+workflow (`dagsched.tasks`: deadline and demands)
+and the attempt's events (`dagsched.events`: started, finished or failed; heartbeats give node
+cores and memory). The reward is `sim.reward.decision_reward` on a `TaskOutcome` built the
+way the simulator builds it: cost in dominant-share core-seconds, the measured transfer and
+compute seconds the end event carries; the Jain index at decision time (with the decision's
+own reservation) comes from the logged observation; the completion term from the stream's
+arrivals, ready instants and workflow ends (`learner.completion`). An attempt with no
+outcome after `timeout_s` gets the default outcome: failed, cost at demand. The joined
+attempts are what `learner.online.finetune_heads` trains on and what the evaluator's
+`WorkflowOutcomes` judges.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from dagsched.learner.completion import TimeInSystem
+from dagsched.learner.decision_log import LoggedDecision, logged
+from dagsched.schemas.messages import (
+    DecisionBatchMsg,
+    DecisionLogMsg,
+    DecisionMsg,
+    NodeHeartbeatMsg,
+    TaskFailedMsg,
+    TaskFinishedMsg,
+    TaskReadyMsg,
+    TaskStartedMsg,
+    WorkflowMsg,
+)
+from dagsched.sim.config import RewardWeights
+from dagsched.sim.observation import NODE_FEATURES, Observation
+from dagsched.sim.reward import TaskOutcome, decision_reward, dominant_core_s, jain_with
+from dagsched.sim.wire import to_workflow
+from dagsched.sim.workflow import Workflow, downward_finish_s
+
+Key = tuple[str, int]  # (workflow_id/task, attempt)
+_CPU_USED = NODE_FEATURES.index("cpu_used")
+_TRANSFER = NODE_FEATURES.index("log_transfer_s")
+
+
+@dataclass
+class Joined:
+    """One decided attempt with its outcome and reward (trainable when `observation` is set)."""
+
+    key: Key
+    workflow_id: str
+    arm: str
+    version: str
+    reward: float
+    failed: bool
+    on_time: bool
+    end_at: float  # job-queue clock
+    max_retries: int
+    defaulted: bool = False
+    observation: Observation | None = None
+    node_index: int = 0
+    unit: list[float] | None = None
+    log_prob: float = 0.0
+
+    @property
+    def trainable(self) -> bool:
+        return self.observation is not None and self.unit is not None
+
+
+@dataclass
+class _Pending:
+    decision: DecisionMsg | None = None
+    log: LoggedDecision | None = None
+    started_at: float | None = None
+    ended: TaskFinishedMsg | TaskFailedMsg | None = None
+    seen_wall: float = 0.0
+
+
+@dataclass
+class _WorkflowInfo:
+    wf: Workflow
+    finish: list[float]
+    cp: float
+
+
+@dataclass
+class OutcomeJoiner:
+    """Joins decisions, decision logs, workflows and task events into `Joined` outcomes."""
+
+    weights: RewardWeights
+    timeout_s: float = 600.0
+    max_dag_tasks: int = 5000
+    wait_for_log: bool = True  # the evaluator needs no observation: join without waiting
+    workflows: dict[str, _WorkflowInfo] = field(default_factory=dict)
+    cores: dict[str, float] = field(default_factory=dict)
+    mem_gb: dict[str, float] = field(default_factory=dict)
+    pending: dict[Key, _Pending] = field(default_factory=dict)
+    last_node: dict[str, str] = field(default_factory=dict)
+    waiting: dict[str, set[Key]] = field(default_factory=dict)  # workflow id -> keys
+    time_in_system: TimeInSystem = field(default_factory=TimeInSystem)
+
+    def add(self, msg: Any, now: float) -> list[Joined]:
+        """Take one decoded message (seen at wall time `now`); return what it completes."""
+        if isinstance(msg, WorkflowMsg):
+            wf = to_workflow(msg, self.max_dag_tasks)
+            finish = downward_finish_s(wf)
+            self.workflows[wf.id] = _WorkflowInfo(wf, finish, max(finish) or 1.0)
+            self.time_in_system.workflow(wf.id, wf.arrival_s, wf.deadline_s, wf.size)
+            # topics interleave: decisions and events may have come before their workflow
+            out: list[Joined] = []
+            for key in self.waiting.pop(wf.id, set()):
+                p = self.pending.get(key)
+                if p is not None:
+                    out += self._try(key, p, now)
+            return out
+        if isinstance(msg, NodeHeartbeatMsg):
+            self.cores[msg.node] = msg.cores
+            self.mem_gb[msg.node] = msg.mem_gb
+            return []
+        if isinstance(msg, TaskReadyMsg):
+            if msg.at is not None:
+                self.time_in_system.ready((f"{msg.workflow_id}/{msg.task}", msg.attempt), msg.at)
+            return []
+        if isinstance(msg, DecisionLogMsg | DecisionBatchMsg):
+            done: list[Joined] = []
+            for entry in logged(msg):
+                p = self.pending.get(entry.key)
+                if p is None:
+                    p = self.pending[entry.key] = _Pending(seen_wall=now)
+                p.log = p.log or entry
+                done += self._try(entry.key, p, now)
+            return done
+        if not isinstance(msg, DecisionMsg | TaskStartedMsg | TaskFinishedMsg | TaskFailedMsg):
+            return []
+        key = (f"{msg.workflow_id}/{msg.task}", msg.attempt)
+        p = self.pending.get(key)
+        if p is None:
+            p = self.pending[key] = _Pending(seen_wall=now)
+        if isinstance(msg, DecisionMsg):
+            p.decision = p.decision or msg
+        elif isinstance(msg, TaskStartedMsg):
+            p.started_at = msg.at
+        else:
+            p.ended = p.ended or msg
+            self._track_end(msg, p)
+        return self._try(key, p, now)
+
+    def _track_end(self, msg: TaskFinishedMsg | TaskFailedMsg, p: _Pending) -> None:
+        """Workflows leave the system with their last task, or a task out of retries."""
+        tis = self.time_in_system
+        if isinstance(msg, TaskFinishedMsg):
+            tis.finished(msg.workflow_id, msg.task, msg.at)
+        elif (
+            msg.reason != "cancelled"
+            and p.decision is not None
+            and msg.attempt >= p.decision.max_retries
+        ):
+            tis.failed(msg.workflow_id, msg.at)
+
+    def expire(self, now: float) -> list[Joined]:
+        """Default outcomes for decided attempts that have not reported for `timeout_s`."""
+        out: list[Joined] = []
+        for key, p in list(self.pending.items()):
+            if now - p.seen_wall < self.timeout_s:
+                continue
+            if p.decision is not None:
+                self.waiting.pop(p.decision.workflow_id, None)
+            if p.decision is not None and p.decision.workflow_id in self.workflows:
+                # an outcome whose decision log never came is still an outcome
+                out.append(self._join(key, p, default=p.ended is None))
+            del self.pending[key]
+        return out
+
+    def _try(self, key: Key, p: _Pending, now: float) -> list[Joined]:
+        d = p.decision
+        if d is None or p.ended is None:
+            return []
+        if d.workflow_id not in self.workflows:
+            self.waiting.setdefault(d.workflow_id, set()).add(key)
+            return []
+        waiting = self.wait_for_log and d.arm != "fallback" and p.log is None
+        if waiting and now - p.seen_wall < self.timeout_s / 10:
+            return []  # the observation is on its way on the decision log
+        del self.pending[key]
+        return [self._join(key, p, default=False)]
+
+    def _workflow(self, wf_id: str) -> Workflow | None:
+        info = self.workflows.get(wf_id)
+        return info.wf if info is not None else None
+
+    def _join(self, key: Key, p: _Pending, default: bool) -> Joined:
+        d = p.decision
+        assert d is not None
+        info = self.workflows[d.workflow_id]
+        spec = info.wf.tasks[d.task]
+        obs = p.log.observation(self._workflow) if p.log is not None else None
+        cores = self.cores.get(d.node, spec.cpu_cores / d.cpu)
+        mem_gb = self.mem_gb.get(d.node, spec.mem_gb / d.mem)
+        ideal = dominant_core_s(
+            spec.cpu_cores / cores, spec.mem_gb / mem_gb, cores, spec.duration_s
+        )
+        measured_transfer = measured_compute = None
+        if p.ended is None or default:
+            failed, late, reserved, held, end_at = True, 0.0, ideal, 0.0, 0.0
+        else:
+            end_at = p.ended.at
+            start = p.started_at if p.started_at is not None else end_at
+            held = max(0.0, end_at - start)
+            failed = isinstance(p.ended, TaskFailedMsg)
+            sub = info.wf.arrival_s + info.wf.deadline_s * info.finish[d.task] / info.cp
+            late = 0.0 if failed else max(0.0, end_at - sub)
+            reserved = dominant_core_s(d.cpu, d.mem, cores, held)
+            if p.ended.runtime_s > 0 or p.ended.transfer_s > 0:  # what the node measured
+                measured_transfer, measured_compute = p.ended.transfer_s, p.ended.runtime_s
+        transfer = 0.0
+        jain_at = 1.0
+        if obs is not None and p.log is not None and p.log.node_index < obs.nodes.shape[0]:
+            transfer = float(np.expm1(obs.nodes[p.log.node_index, _TRANSFER]))
+            used = obs.nodes[:, _CPU_USED].astype(np.float64)
+            old = float(used[p.log.node_index])
+            jain_at = jain_with(float(used.sum()), float((used * used).sum()), len(used), old,
+                                old + d.cpu)  # fmt: skip
+        if measured_transfer is not None and measured_compute is not None:
+            transfer, compute = measured_transfer, measured_compute
+        else:
+            compute = max(0.0, held - transfer)
+        prev = self.last_node.get(key[0]) if key[1] > 0 else None
+        self.last_node[key[0]] = d.node
+        outcome = TaskOutcome(
+            lateness=late / info.wf.deadline_s,
+            failed=failed,
+            reserved_core_s=reserved,
+            ideal_core_s=ideal,
+            jain_at_decision=jain_at,
+            migrated=prev is not None and prev != d.node,
+            transfer_s=transfer,
+            compute_s=compute,
+            completion_wf_s=self.time_in_system.credit(key),
+        )
+        log = p.log
+        return Joined(
+            key=key,
+            workflow_id=d.workflow_id,
+            arm=d.arm,
+            version=d.model_version,
+            reward=decision_reward(outcome, self.weights),
+            failed=failed,
+            on_time=not failed and late <= 0.0,
+            end_at=end_at,
+            max_retries=d.max_retries,
+            defaulted=default,
+            observation=obs,
+            node_index=log.node_index if log is not None else 0,
+            unit=log.unit if log is not None else None,
+            log_prob=log.log_prob if log is not None else 0.0,
+        )
