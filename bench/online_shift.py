@@ -143,7 +143,8 @@ def aa_rate(
         while True:
             x = samples[int(rng.integers(len(samples)))]
             challenger = rng.random() < share
-            test.add("challenger" if challenger else "champion", x.sla, x.reward, x.speed)
+            arm = "challenger" if challenger else "champion"
+            test.add(arm, x.sla, x.reward, x.speed, x.covariates)
             if challenger:
                 n_c += 1
                 if n_c % 10 == 0 and (v := test.verdict()).decision != "continue":

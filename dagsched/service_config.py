@@ -174,6 +174,8 @@ class EvaluatorSettings(_Strict):
     min_effect_reward: float = Field(default=0.01, ge=0)
     tau_speed: float = Field(default=0.1, gt=0)  # mixing-prior sd of the speed difference
     min_effect_speed: float = Field(default=0.03, ge=0)  # -log(JCT/deadline): ~3% sooner
+    # regression adjustment (CUPED) on the workflows' slack and the congestion they met
+    adjust: bool = True
     outcome_timeout_s: float = Field(default=600.0, gt=0)
     guardrail_window: int = Field(default=200, ge=2)  # new-champion workflows watched
     lease_ttl_s: float = Field(default=10.0, gt=0)

@@ -18,8 +18,11 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from dagsched.learner.adjustment import Congestion, congestion, covariates
+from dagsched.learner.decision_log import DecisionLogError, decode_view
 from dagsched.learner.joining import Joined, OutcomeJoiner
 from dagsched.learner.sequential import ABTest, DecisionRule, Running, Verdict, compare
+from dagsched.schemas.messages import DecisionBatchMsg
 from dagsched.service_config import EvaluatorSettings
 
 FAILED_JCT_RATIO = 2.0  # a failed workflow's speed counts it at least twice its deadline
@@ -32,6 +35,7 @@ def rule_from(cfg: EvaluatorSettings) -> DecisionRule:
         min_samples=cfg.min_samples,
         max_samples=cfg.max_samples,
         tau={"sla": cfg.tau_sla, "reward": cfg.tau_reward, "speed": cfg.tau_speed},
+        adjust=cfg.adjust,
         min_effect={
             "sla": cfg.min_effect_sla,
             "reward": cfg.min_effect_reward,
@@ -71,6 +75,7 @@ class Sample:
     sla: float
     reward: float
     speed: float  # workflow_speed
+    covariates: tuple[float, ...] | None = None  # adjustment.covariates, for the test
 
 
 class WorkflowOutcomes:
@@ -79,6 +84,24 @@ class WorkflowOutcomes:
     def __init__(self, joiner: OutcomeJoiner) -> None:
         self.joiner = joiner
         self.tallies: dict[str, _Tally] = {}
+        # per workflow, the congestion of the batch its first task was placed in
+        self.congestion: dict[str, Congestion] = {}
+
+    def note(self, msg: DecisionBatchMsg) -> None:
+        """A logged batch: the covariates of the workflows it placed first (decoding its view
+        once, only when it holds such a workflow)."""
+        if msg.view is None:
+            return
+        new = {t.workflow_id for t in msg.tasks if t.new and t.attempt == 0}
+        new -= self.congestion.keys()
+        if not new:
+            return
+        try:
+            seen = congestion(decode_view(msg.view))
+        except DecisionLogError:
+            return
+        for wf_id in new:
+            self.congestion[wf_id] = seen
 
     def add(self, j: Joined) -> Sample | None:
         info = self.joiner.workflows.get(j.workflow_id)
@@ -103,7 +126,13 @@ class WorkflowOutcomes:
         met = not t.failed and t.last_end <= wf.arrival_s + wf.deadline_s
         speed = workflow_speed(end - wf.arrival_s, wf.deadline_s, t.failed)
         return Sample(
-            j.workflow_id, t.arm, t.version, float(met), sum(t.rewards) / len(t.rewards), speed
+            j.workflow_id,
+            t.arm,
+            t.version,
+            float(met),
+            sum(t.rewards) / len(t.rewards),
+            speed,
+            covariates(wf, self.congestion.pop(j.workflow_id, None)),
         )
 
 
@@ -174,7 +203,7 @@ class Judge:
         arm = {self.champion: "champion", self.challenger: "challenger"}.get(s.version)
         if arm is None or self.challenger is None:
             return None
-        self.test.add(arm, s.sla, s.reward, s.speed)
+        self.test.add(arm, s.sla, s.reward, s.speed, s.covariates)
         if self.test.arms[arm]["sla"].n % 10:
             return None  # the test is valid at any time; checking every 10th sample is cheaper
         v = self.test.verdict()

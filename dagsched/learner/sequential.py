@@ -18,6 +18,11 @@ at most `alpha`. Speed is `-log(JCT / deadline)`: SLA's continuous version, whic
 challenger that finishes workflows 10% sooner from the champion in a fraction of the
 workflows a pass/fail count needs (README "How fast the judge can tell").
 
+With `adjust` (the default), each metric is first regression-adjusted on covariates fixed before
+the arm could matter: the workflow's slack and the cluster's congestion at its first decision
+(`dagsched.learner.adjustment`); the test then runs on the adjusted outcomes, whose difference in
+means is the same and whose variance is smaller by what the covariates explain.
+
 The rule (`decide`), checked only once both arms have `min_samples`:
 
 - promote: some metric's interval lies above 0 and its estimate is at least its minimum
@@ -32,6 +37,10 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
+
+import numpy as np
+
+from dagsched.learner.adjustment import COVARIATES, Moments, adjusted
 
 Decision = Literal["promote", "retire", "continue"]
 METRICS: tuple[str, ...] = ("sla", "reward", "speed")
@@ -70,12 +79,15 @@ class DecisionRule:
         default_factory=lambda: {"sla": 0.02, "reward": 0.01, "speed": 0.03}
     )
     var_floor: float = 1e-4  # keeps V > 0 while an arm's outcomes are all equal
+    adjust: bool = True  # regression adjustment on the workflows' covariates
 
     def describe(self) -> str:
+        adjust = f", adjusted on {', '.join(COVARIATES)}" if self.adjust else ""
         return (
             f"mSPRT (normal mixture) per metric, alpha={self.alpha:g} split over "
             f"{len(METRICS)} metrics, min_samples={self.min_samples}, "
             f"max_samples={self.max_samples}, tau={self.tau}, min_effect={self.min_effect}"
+            f"{adjust}"
         )
 
 
@@ -91,6 +103,7 @@ class MetricStats:
     lower: float
     upper: float
     log_lambda: float
+    explained: float = 0.0  # share of the outcome's variance the covariates removed
 
 
 @dataclass
@@ -151,20 +164,52 @@ def decide(
     return Verdict("continue", "no decision yet", text, stats)
 
 
+ARMS: tuple[str, ...] = ("champion", "challenger")
+
+
 class ABTest:
-    """Outcomes per arm, fed one unit (a workflow) at a time."""
+    """Outcomes per arm, fed one unit (a workflow) at a time, with its covariates (None when
+    unknown: the workflow then counts as average for the adjustment)."""
 
     def __init__(self, rule: DecisionRule) -> None:
         self.rule = rule
         self.arms: dict[str, dict[str, Running]] = {
-            arm: {m: Running() for m in METRICS} for arm in ("champion", "challenger")
+            arm: {m: Running() for m in METRICS} for arm in ARMS
         }
+        self.moments = {arm: Moments(len(METRICS)) for arm in ARMS}
 
-    def add(self, arm: str, sla: float, reward: float, speed: float) -> None:
+    def add(
+        self,
+        arm: str,
+        sla: float,
+        reward: float,
+        speed: float,
+        covariates: tuple[float, ...] | None = None,
+    ) -> None:
         metrics = self.arms[arm]
         metrics["sla"].add(sla)
         metrics["reward"].add(reward)
         metrics["speed"].add(speed)
+        if self.rule.adjust:
+            self.moments[arm].add(np.array([sla, reward, speed]), covariates)
+
+    def adjusted_arms(self) -> tuple[dict[str, dict[str, Running]], dict[str, float]]:
+        """Per arm and metric the statistics the test runs on, and per metric the share of
+        variance the adjustment removed (the raw statistics, 0, until it can adjust)."""
+        if not self.rule.adjust:
+            return self.arms, {m: 0.0 for m in METRICS}
+        arms: dict[str, dict[str, Running]] = {arm: {} for arm in ARMS}
+        explained = {}
+        for k, m in enumerate(METRICS):
+            fit = adjusted(self.moments, k)
+            explained[m] = fit[1] if fit is not None else 0.0
+            for arm in ARMS:
+                arms[arm][m] = Running(*fit[0][arm]) if fit is not None else self.arms[arm][m]
+        return arms, explained
 
     def verdict(self) -> Verdict:
-        return decide(self.arms["champion"], self.arms["challenger"], self.rule)
+        arms, explained = self.adjusted_arms()
+        v = decide(arms["champion"], arms["challenger"], self.rule)
+        for m, stats in v.stats.items():
+            stats.explained = explained[m]
+        return v

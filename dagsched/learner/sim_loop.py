@@ -15,9 +15,10 @@
   `replace_challenger` (then every round replaces it and restarts the test) or
   `keep_learning` (then it improves a shadow, which explores, and the latest
   shadow is the next challenger when the test ends).
-- **Evaluator.** One `Sample` per finished workflow (SLA met, mean reward, arm and version of its
-  first decided task) goes to a `Judge`; promote makes the challenger champion (the old one
-  becomes previous), retire drops the challenger, rollback restores the previous champion.
+- **Evaluator.** One `Sample` per finished workflow (SLA met, mean reward, speed, arm and version
+  of its first decided task, the covariates of that task's batch view) goes to a `Judge`;
+  promote makes the challenger champion (the old one becomes previous), retire drops the
+  challenger, rollback restores the previous champion.
 
 What differs from the services: versions live in a dict instead of MLflow, alias moves take
 effect at the next batch without a notice or reload, a round's fine-tuning takes no simulated
@@ -34,6 +35,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from dagsched.learner.adjustment import Congestion, congestion, covariates
 from dagsched.learner.evaluation import Judge, Sample, rule_from, workflow_speed
 from dagsched.learner.joining import Joined
 from dagsched.learner.online import FinetuneConfig, finetune_heads, learning_window
@@ -124,6 +126,7 @@ class SimLoop:
         # decided attempts: reward, outcome and end time are filled in when they end
         self._decided: dict[tuple[str, int, int], Joined] = {}
         self._rewards: dict[str, list[float]] = {}
+        self._congestion: dict[str, Congestion] = {}  # where each workflow's first task met
         self.sim: Simulator | None = None
         self._explorers: dict[str, GNNScheduler] = {}
         self._chain = 0  # rounds since the champion last changed
@@ -180,6 +183,7 @@ class SimLoop:
 
     def decide(self, sim: Simulator, ready: list[TaskRun]) -> list[Decision]:
         view = cluster_view(sim).batch_copy()  # each arm sees the earlier arms' placements
+        seen = congestion(view)  # the batch's snapshot: the covariates of workflows it starts
         arms: dict[str, list[int]] = {}
         for i, t in enumerate(ready):
             arms.setdefault(self.arm_of(t.run.wf.id), []).append(i)
@@ -196,6 +200,7 @@ class SimLoop:
                     self.workflows[wf.id] = WorkflowResult(
                         wf.id, wf.arrival_s, wf.arrival_s + wf.deadline_s, arm, version
                     )
+                    self._congestion[wf.id] = seen
                 joined = Joined(
                     key=(t.key, t.attempt),
                     workflow_id=wf.id,
@@ -241,7 +246,13 @@ class SimLoop:
             self._decided.pop((wf.id, other.idx, other.attempt), None)
         speed = workflow_speed(now - res.arrival_s, res.due_s - res.arrival_s, wf_failed)
         sample = Sample(
-            wf.id, res.arm, res.version, float(res.met), sum(rewards) / len(rewards), speed
+            wf.id,
+            res.arm,
+            res.version,
+            float(res.met),
+            sum(rewards) / len(rewards),
+            speed,
+            covariates(wf, self._congestion.pop(wf.id, None)),
         )
         self.samples.append(sample)
         if self.cfg.learn and res.arm != "explore":

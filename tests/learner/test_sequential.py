@@ -94,3 +94,68 @@ def test_a_faster_challenger_with_the_same_sla_is_promoted_on_speed() -> None:
             break
     assert verdict is not None and verdict.decision == "promote"
     assert verdict.reason == "challenger better on speed" and i < 1500
+
+
+def _covariate_run(seed: int, effect: float, adjust: bool, k: int = 6) -> tuple[str, int]:
+    """Workflows whose speed is mostly set by known covariates (slack, congestion: 80% of the
+    variance), the challenger `effect` faster; half to each arm until the test decides."""
+    rng = np.random.default_rng(seed)
+    test = ABTest(DecisionRule(min_samples=50, max_samples=20_000, adjust=adjust))
+    beta = rng.normal(size=k)
+    beta *= 0.8 / np.linalg.norm(beta)
+    for i in range(1, 100_000):
+        arm = "challenger" if rng.random() < 0.5 else "champion"
+        x = rng.normal(size=k)
+        speed = float(
+            x @ beta + rng.normal(0, 0.2 * 2**0.5) + (effect if arm == "challenger" else 0)
+        )
+        test.add(arm, 1.0, -0.5, speed, tuple(float(v) for v in x))
+        if i % 10 == 0 and (v := test.verdict()).decision != "continue":
+            return v.decision, i
+    raise AssertionError("never decided")
+
+
+def test_adjusting_on_covariates_decides_with_fewer_workflows() -> None:
+    """The same 0.1 speed gain: the adjusted test promotes in well under half the workflows
+    the raw test needs, since the covariates explain 80% of the variance."""
+    raw = [_covariate_run(s, 0.1, adjust=False) for s in range(5)]
+    adj = [_covariate_run(s, 0.1, adjust=True) for s in range(5)]
+    assert all(d == "promote" for d, _ in raw + adj)
+    assert np.median([n for _, n in adj]) < 0.5 * np.median([n for _, n in raw])
+
+
+def test_adjusted_a_a_rarely_promotes() -> None:
+    """An identical challenger, with covariates that explain most of the variance: the
+    adjusted test promotes in at most alpha of the runs (here 0 or 1 of 40)."""
+    decisions = [_covariate_run(1000 + s, 0.0, adjust=True)[0] for s in range(40)]
+    assert decisions.count("promote") <= 2
+
+
+def test_the_verdict_says_how_much_variance_the_covariates_removed() -> None:
+    rng = np.random.default_rng(5)
+    test = ABTest(DecisionRule(min_samples=50))
+    for i in range(200):
+        x = rng.normal(size=6)
+        test.add(
+            "challenger" if i % 2 else "champion",
+            1.0,
+            -0.5,
+            float(x[0] + 0.1 * rng.normal()),
+            tuple(x),
+        )
+    v = test.verdict()
+    assert v.stats["speed"].explained > 0.9
+    assert v.stats["sla"].explained == 0.0  # constant: nothing to explain
+    assert "adjusted on log_slack" in v.rule
+    raw = test.arms
+    assert raw["champion"]["speed"].n == v.stats["speed"].n_champion
+
+
+def test_workflows_without_covariates_are_left_as_they_are() -> None:
+    """Until each arm has 30 workflows with covariates the test runs on the raw outcomes."""
+    test = ABTest(DecisionRule(min_samples=2))
+    for i in range(100):
+        test.add("challenger" if i % 2 else "champion", 1.0, -0.5, float(i % 7), None)
+    arms, explained = test.adjusted_arms()
+    assert explained == {"sla": 0.0, "reward": 0.0, "speed": 0.0}
+    assert arms["champion"]["speed"].mean == test.arms["champion"]["speed"].mean
