@@ -145,6 +145,10 @@ class BatchObservation:
     def take(self, i: int, node: int, cpu: float, mem: float) -> None:
         """Task `i` placed: `ClusterView.take` on the view, as the plain path does."""
         self.view.take(self.tasks[i], node, cpu, mem)
+        self.view_changed()
+
+    def view_changed(self) -> None:
+        """The view's live load was written (by `take`, or restored by a caller)."""
         self._shared_cache = None
 
     def _shared(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
