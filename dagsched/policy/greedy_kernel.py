@@ -27,6 +27,7 @@ numba's cache next to this file); importing this module compiles nothing.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 from numba import njit
@@ -42,7 +43,7 @@ def _tanh32(x: float) -> np.float32:
 
 
 @njit(cache=True, inline="always", error_model="numpy")
-def _tanh_rational(x: float) -> np.float32:
+def _tanh_rational(x: Any) -> Any:  # float32 in, float32 out (numba types it)
     """tanh in float32 arithmetic, vectorisable (no libm call): Eigen's 13/6 rational
     approximation, within 6 ulp of the true value (numpy's and torch's float32 tanh are
     within 2): the logits move by ~1e-6, well inside `TIE_TOL`."""
