@@ -125,9 +125,8 @@ class BatchObservation:
         self._shared_cache: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._n_alive = int(self.alive.sum())
         self._dyn_buf = np.empty((n, len(DYNAMIC)))
-        x[:, :, DYNAMIC] = self._dynamic_all()
+        self._dynamic_all(x)
         self.nodes0 = x  # [B, n, F] on the snapshot
-        self.dyn0 = np.ascontiguousarray(self.nodes0[:, :, DYNAMIC])
         rec = [
             recommended_request(s.cpu_cores, s.mem_gb, t.history)
             for s, t in zip(specs, tasks, strict=True)
@@ -145,6 +144,10 @@ class BatchObservation:
     def take(self, i: int, node: int, cpu: float, mem: float) -> None:
         """Task `i` placed: `ClusterView.take` on the view, as the plain path does."""
         self.view.take(self.tasks[i], node, cpu, mem)
+        self.view_changed()
+
+    def view_changed(self) -> None:
+        """The view's live load was written (by `take`, or restored by a caller)."""
         self._shared_cache = None
 
     def _shared(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -183,8 +186,9 @@ class BatchObservation:
         )  # fmt: skip
         return out
 
-    def _dynamic_all(self) -> np.ndarray:
-        """`_dynamic` of every task on the snapshot, in one pass: [B, n, len(DYNAMIC)]. (A
+    def _dynamic_all(self, x: np.ndarray) -> None:
+        """`_dynamic` of every task on the snapshot, in one pass, written into the DYNAMIC
+        columns of `x` [B, n, F] (column by column: no [B, n, 9] float64 temporary). (A
         row where this differs in the last bit from `_dynamic` is only recomputed by the
         caller, which compares: the observations themselves come from `_dynamic`.)"""
         v, inv_c = self.view, self.inv_c
@@ -193,27 +197,25 @@ class BatchObservation:
         wait = queued + np.where(fits, 0.0, self.compute_mean[:, None])
         p_fits = fits_now(v, self.p_res_c, self.p_res_m)
         p_wait = queued + np.where(p_fits, 0.0, self.p_compute_mean[:, None])
-        shape = self.res_c.shape
-        return np.stack(
-            [
-                np.broadcast_to(1.0 - v.free_cores * inv_c, shape),
-                np.broadcast_to(v.free_mem * self.inv_m, shape),
-                np.broadcast_to(v.queue_len, shape),
-                np.broadcast_to(queued, shape),
-                (v.free_cores - self.res_c) * inv_c,
-                fits.astype(float),
-                np.log1p(wait + self.transfer + self.cold + self.compute),
-                p_fits.astype(float),
-                np.log1p(p_wait + self.transfer + self.cold + self.p_compute),
-            ],
-            axis=2,
+        columns = (
+            1.0 - v.free_cores * inv_c,
+            v.free_mem * self.inv_m,
+            v.queue_len,
+            queued,
+            (v.free_cores - self.res_c) * inv_c,
+            fits,
+            np.log1p(wait + self.transfer + self.cold + self.compute),
+            p_fits,
+            np.log1p(p_wait + self.transfer + self.cold + self.p_compute),
         )
+        for col, values in zip(DYNAMIC, columns, strict=True):
+            x[:, :, col] = values  # broadcast over tasks; float32 as astype rounds
 
     def nodes(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         """Task `i`'s node features [n, F] (float32) on the view now, and the rows where they
         differ from the snapshot's (`nodes0[i]`): those the earlier placements changed."""
         dyn = self._dynamic(i).astype(np.float32)
-        changed = np.flatnonzero((dyn != self.dyn0[i]).any(axis=1))
+        changed = np.flatnonzero((dyn != self.nodes0[i][:, DYNAMIC]).any(axis=1))
         out = self.nodes0[i].copy()
         if changed.size:
             out[:, DYNAMIC] = dyn

@@ -23,12 +23,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from types import ModuleType
 
 import numpy as np
 
 from dagsched.policy.api import Placement
-from dagsched.policy.batch_observation import BatchObservation, DagCache
-from dagsched.policy.model import CONC_SCALE
+from dagsched.policy.batch_observation import DYNAMIC, BatchObservation, DagCache
+from dagsched.policy.lazy_observations import LazyObservations
+from dagsched.policy.model import CONC_SCALE, FINISH
 from dagsched.policy.numpy_net import F32, NumpyNet, batch_graph
 from dagsched.policy.ties import best_node
 from dagsched.sim.observation import ANCHOR_FLOOR, Observation
@@ -45,7 +47,7 @@ class Placed:
     """A batch's placements and, per task, what the decision was made from."""
 
     placements: list[Placement] = field(default_factory=list)
-    observations: list[Observation] = field(default_factory=list)
+    observations: Sequence[Observation] = field(default_factory=list)
     units: list[list[float]] = field(default_factory=list)
     values: list[float] = field(default_factory=list)
 
@@ -58,7 +60,8 @@ def place_fast(
     cache: DagCache | None = None,
 ) -> Placed:
     """Place `tasks` in order on a copy of `cluster`; `rng` None: argmax node and Beta means
-    (serving), else sampled with it. `cache` keeps workflows' DAG inputs across batches."""
+    (serving), else sampled with it. `cache` keeps workflows' DAG inputs across batches.
+    Serving runs the compiled loop (`greedy_kernel`) where numba is installed."""
     view = cluster.batch_copy()
     obs = BatchObservation(view, tasks, cache)
     dag_part = _encode(net, obs) @ net.cl1_dag  # [B, H]
@@ -67,11 +70,15 @@ def place_fast(
     part = net.scorer_node_part(emb)
     prior = net.prior_part(xn)  # [B, n]
     masks = obs.masks  # [B, n]: the nodes each task may take
-    everywhere: np.ndarray = np.all(masks, axis=1)
     weight = masks.astype(F32)
     emb_sum = np.einsum("bn,bnh->bh", weight, emb).astype(np.float64)  # [B, H]
     count = np.maximum(1.0, masks.sum(axis=1))
+    if rng is None and (kernel := _kernel()) is not None:
+        return _place_compiled(kernel, net, obs, dag_part, emb, part, prior, emb_sum, count)
+    everywhere: np.ndarray = np.all(masks, axis=1)
     out = Placed()
+    seen: list[Observation] = []
+    out.observations = seen
     for i in range(len(tasks)):
         nodes, changed = obs.nodes(i)
         if changed.size:  # the rows earlier placements changed: embedded again
@@ -94,11 +101,135 @@ def place_fast(
             node, float(vals[0]), float(vals[1]), round(float(vals[2])), node_logp + beta_logp
         )
         out.placements.append(p)
-        out.observations.append(obs.observation(i, nodes, cl))
+        seen.append(obs.observation(i, nodes, cl))
         out.units.append([float(u) for u in unit])
         out.values.append(net.value(c_value, (emb_sum[i] / count[i]).astype(F32)))
         obs.take(i, p.node, p.cpu, p.mem)
     return out
+
+
+_compiled: list[ModuleType | None] = []  # the kernel module, imported on first use
+
+
+def _kernel() -> ModuleType | None:
+    """`greedy_kernel`, or None where numba is not installed (the numpy loop serves)."""
+    if not _compiled:
+        try:
+            from dagsched.policy import greedy_kernel
+        except ImportError:  # pragma: no cover - numba is a dependency
+            _compiled.append(None)
+        else:
+            _compiled.append(greedy_kernel)
+    return _compiled[0]
+
+
+def _place_compiled(
+    kernel: ModuleType,
+    net: NumpyNet,
+    obs: BatchObservation,
+    dag_part: np.ndarray,
+    emb: np.ndarray,
+    part: np.ndarray,
+    prior: np.ndarray,
+    emb_sum: np.ndarray,
+    count: np.ndarray,
+) -> Placed:
+    """The serving loop (argmax node, Beta means) in one compiled call; the observations
+    built when read (`LazyObservations`), so `obs.view` stays the snapshot here."""
+    v, b = obs.view, len(obs.tasks)
+    specs = [t.workflow.tasks[t.idx] for t in obs.tasks]
+    f64 = np.float64
+    live = [np.array(a, dtype=f64) for a in (v.free_cores, v.free_mem, v.queue_len)]
+    live.append(np.array(v.queued_core_s, dtype=f64))
+    node = np.empty(b, dtype=np.int64)
+    vals = np.empty((b, 3), dtype=F32)
+    unit = np.empty((b, 3), dtype=F32)
+    logp = np.empty(b, dtype=f64)
+    value = np.empty(b, dtype=F32)
+    n_mean, n_inv = net.norm["nodes"]
+    c_mean, c_inv = net.norm["cluster"]
+    c = np.ascontiguousarray
+    kernel.place_batch(
+        *live,
+        c(v.cores, dtype=f64),
+        c(v.mem_gb, dtype=f64),
+        c(v.speed, dtype=f64),
+        c(obs.inv_c, dtype=f64),
+        c(obs.inv_m, dtype=f64),
+        c(obs.alive),
+        c(obs.res_c),
+        c(obs.res_m),
+        c(obs.p_res_c),
+        c(obs.p_res_m),
+        c(obs.compute),
+        c(obs.p_compute),
+        c(obs.compute_mean),
+        c(obs.p_compute_mean),
+        c(obs.transfer),
+        c(obs.cold[:, 0]),
+        np.array([s.duration_s for s in specs], dtype=f64),
+        np.array([int(s.type) for s in specs], dtype=np.int64),
+        c(obs.masks),
+        c(obs.anchor),
+        c(obs.cluster0, dtype=f64),
+        obs.nodes0,
+        _DYNAMIC,
+        n_mean,
+        n_inv,
+        c_mean,
+        c_inv,
+        net.node1.w,
+        net.node1.b,
+        net.node2.w,
+        net.node2.b,
+        c(net.sc1_node),
+        net.sc1_b,
+        c(net.sc2.w[:, 0]),
+        net.sc2.b[0],
+        F32(net.prior_beta or 0.0),
+        net.prior_beta is not None,
+        FINISH,
+        c(net.cl1_cluster),
+        net.cl1_b,
+        net.cl2.w,
+        net.cl2.b,
+        net.ctx_w,
+        c(net.co1_node),
+        net.co1_b,
+        net.co2.w,
+        net.co2.b,
+        c(net.cr1_mean),
+        net.cr1_b,
+        c(net.cr2.w[:, 0]),
+        net.cr2.b[0],
+        float(CONC_SCALE),
+        LOW,
+        SPAN,
+        emb,
+        part,
+        prior,
+        emb_sum,
+        count.astype(f64),
+        c(dag_part, dtype=F32),
+        node,
+        vals,
+        unit,
+        logp,
+        value,
+    )
+    placements = [
+        Placement(int(k), float(x[0]), float(x[1]), round(float(x[2])), float(lp))
+        for k, x, lp in zip(node.tolist(), vals, logp.tolist(), strict=True)
+    ]
+    return Placed(
+        placements,
+        LazyObservations(obs, placements),
+        unit.tolist(),
+        value.tolist(),
+    )
+
+
+_DYNAMIC = np.array(DYNAMIC, dtype=np.int64)
 
 
 def _encode(net: NumpyNet, obs: BatchObservation) -> np.ndarray:

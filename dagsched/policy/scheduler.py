@@ -64,7 +64,7 @@ class GNNScheduler:
         self.normalizer = normalizer
         self.version = version
         self.deterministic = deterministic
-        self.last_observations: list[Observation] = []
+        self.last_observations: Sequence[Observation] = []
         self.last_units: list[list[float]] = []
         self.last_values: list[float] = []
         self._forward: Callable[..., PolicyOutput] = self.model

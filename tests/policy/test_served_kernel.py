@@ -1,0 +1,117 @@
+"""The compiled serving loop (`greedy_kernel`) against the numpy loop it replaces, and the
+observations it leaves to be built when read (`LazyObservations`).
+
+`test_fast_exact.py` holds both paths to the plain forward pass; here: the compiled loop
+decides as the numpy loop does, task by task; the lazy observations are `observe`'s, read
+in any order; the kernel's tanh stays within its stated error; its copies of shared
+constants match their sources.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dagsched.policy import fast_place, greedy_kernel
+from dagsched.policy.bundle import load_bundle
+from dagsched.policy.lazy_observations import LazyObservations
+from dagsched.policy.scheduler import GNNScheduler
+from dagsched.policy.ties import TIE_TOL
+from dagsched.sim.observation import ANCHOR_FLOOR, Observation, observe
+from dagsched.sim.view import ClusterView, TaskView
+from tests.policy.test_fast_exact import recorded_batch
+
+CHAMPION = Path(__file__).resolve().parents[2] / "models" / "champion"
+
+
+@pytest.fixture(scope="module")
+def champion() -> GNNScheduler:
+    return load_bundle(CHAMPION, "v1", smoke=False)
+
+
+@pytest.fixture(scope="module")
+def batch() -> tuple[ClusterView, list[TaskView]]:
+    return recorded_batch(32, 3, 150, faults=True, dead=3)
+
+
+def _numpy_loop(
+    sched: GNNScheduler, view: ClusterView, tasks: list[TaskView], monkeypatch: pytest.MonkeyPatch
+) -> tuple[list, list[Observation], list[list[float]], list[float]]:
+    with monkeypatch.context() as m:
+        m.setattr(fast_place, "_kernel", lambda: None)
+        placed = sched.place(view, tasks)
+    assert isinstance(sched.last_observations, list)  # the numpy loop builds them eagerly
+    return placed, list(sched.last_observations), sched.last_units, sched.last_values
+
+
+def _same(a: Observation, b: Observation) -> None:
+    assert a.task_idx == b.task_idx
+    for f in ("nodes", "mask", "cluster", "dag", "edges", "anchor"):
+        assert np.array_equal(getattr(a, f), getattr(b, f)), f
+
+
+def test_the_compiled_loop_decides_as_the_numpy_loop(
+    champion: GNNScheduler,
+    batch: tuple[ClusterView, list[TaskView]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    view, tasks = batch
+    ref, _, ref_units, ref_values = _numpy_loop(champion, view, tasks, monkeypatch)
+    got = champion.place(view, tasks)
+    assert isinstance(champion.last_observations, LazyObservations)  # the compiled loop ran
+    assert [p.node for p in got] == [p.node for p in ref]
+    assert len({p.node for p in got}) > 1
+    for p, q in zip(got, ref, strict=True):
+        assert p.max_retries == q.max_retries
+        assert abs(p.cpu - q.cpu) < 1e-5 and abs(p.mem - q.mem) < 1e-5
+        assert abs(p.log_prob - q.log_prob) < 1e-4
+    assert np.allclose(champion.last_units, ref_units, atol=1e-5, rtol=0)
+    assert np.allclose(champion.last_values, ref_values, atol=1e-4, rtol=0)
+
+
+def test_lazy_observations_are_observes_in_any_order(
+    champion: GNNScheduler, batch: tuple[ClusterView, list[TaskView]]
+) -> None:
+    view, tasks = batch
+    free = view.free_cores.copy()
+    placed = champion.place(view, tasks)
+    lazy = champion.last_observations
+    eager = []  # observe() with the earlier placements taken (the reservations are the
+    ref_view = view.batch_copy()  # compiled loop's: the numpy loop's differ in the last bit)
+    for t, p in zip(tasks, placed, strict=True):
+        eager.append(observe(ref_view, t))
+        ref_view.take(t, p.node, p.cpu, p.mem)
+    assert isinstance(lazy, LazyObservations) and len(lazy) == len(tasks)
+    order = [len(tasks) - 1, 0, 5, 3, len(tasks) // 2, -1]  # backwards restarts the replay
+    for k in order:
+        _same(lazy[k], eager[k])
+    assert lazy[5] is lazy[5]  # built once
+    for a, b in zip(lazy[2:9:3], eager[2:9:3], strict=True):
+        _same(a, b)
+    for a, b in zip(lazy, eager, strict=True):
+        _same(a, b)
+    assert np.array_equal(view.free_cores, free)  # the caller's view is not written
+    with pytest.raises(IndexError):
+        lazy[len(tasks)]
+
+
+def test_the_kernels_tanh_is_within_six_ulp() -> None:
+    x = np.concatenate(
+        [
+            np.linspace(-12, 12, 200_001, dtype=np.float32),
+            np.geomspace(1e-8, 1e-2, 1_001).astype(np.float32),
+            np.float32([0.0, -0.0, 4e-4, -4e-4]),
+        ]
+    )
+    got = np.array([greedy_kernel._tanh_rational(v) for v in x[::50]], dtype=np.float32)
+    x = x[::50]
+    true = np.tanh(x.astype(np.float64))
+    ulp = np.spacing(np.abs(true).astype(np.float32)).astype(np.float64)
+    assert np.all(np.abs(got - true) <= 6 * ulp)
+
+
+def test_the_kernels_constants_are_their_sources() -> None:
+    assert greedy_kernel._TIE_TOL == TIE_TOL
+    assert greedy_kernel._ANCHOR_FLOOR == ANCHOR_FLOOR
