@@ -25,19 +25,28 @@ from numba import njit
 def _distinct(words: np.ndarray, index: np.ndarray, first: np.ndarray) -> int:
     """`words` [R, F] uint32: per row, the index of its class in `index` [R] and each
     class's first row in `first` [<= R]; returns the number of classes. Open addressing
-    on a multiply-xorshift hash of the row, rows compared word by word on a hit."""
+    on a hash of the row, rows compared word by word on a hit."""
     rows, width = words.shape
     size = 1
     while size < 2 * rows:
         size *= 2
     mask = size - 1
     slots = np.full(size, -1, dtype=np.int64)  # a class, or -1
+    # the hash: the row's words times odd constants, summed (independent products, not a
+    # chain: vectorised), then mixed (the high bits spread down)
+    keys = np.empty(width, dtype=np.uint64)
+    k = np.uint64(0x9E3779B97F4A7C15)
+    for f in range(width):
+        k = k * np.uint64(6364136223846793005) + np.uint64(1442695040888963407)
+        keys[f] = k | np.uint64(1)
     count = 0
     for r in range(rows):
-        h = np.uint64(14695981039346656037)
+        h = np.uint64(0)
         for f in range(width):
-            h = (h ^ np.uint64(words[r, f])) * np.uint64(1099511628211)
-        h ^= h >> np.uint64(29)
+            h += np.uint64(words[r, f]) * keys[f]
+        h ^= h >> np.uint64(32)
+        h *= np.uint64(0xD6E8FEB86659FD93)
+        h ^= h >> np.uint64(32)
         s = np.int64(h & np.uint64(mask))
         while True:
             c = slots[s]
