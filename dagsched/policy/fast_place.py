@@ -7,7 +7,8 @@ Per batch (`place_fast`):
    many of its tasks the batch places (its features do not say which one is placed);
    the DAG half of the cluster MLP's first layer, once;
 3. the per-node MLP and the node half of the scorer's first layer for every (task, node)
-   pair, as three matrix products.
+   pair, as three matrix products; the serving loop runs them once per distinct pair row
+   (`distinct_rows`: at 2,048 nodes most idle nodes look alike to a task).
 
 Per task, in order: its node features on the view as the earlier placements left it (only
 the features that read free resources and queues), the rows that differ from the snapshot's
@@ -65,6 +66,8 @@ def place_fast(
     view = cluster.batch_copy()
     obs = BatchObservation(view, tasks, cache)
     dag_part = _encode(net, obs) @ net.cl1_dag  # [B, H]
+    if rng is None and (kernel := _kernel()) is not None:
+        return _place_compiled(kernel, net, obs, dag_part)
     xn = net.normalize("nodes", obs.nodes0)  # [B, n, F]
     emb = net.node_embed(xn)
     part = net.scorer_node_part(emb)
@@ -73,8 +76,6 @@ def place_fast(
     weight = masks.astype(F32)
     emb_sum = np.einsum("bn,bnh->bh", weight, emb).astype(np.float64)  # [B, H]
     count = np.maximum(1.0, masks.sum(axis=1))
-    if rng is None and (kernel := _kernel()) is not None:
-        return _place_compiled(kernel, net, obs, dag_part, emb, part, prior, emb_sum, count)
     everywhere: np.ndarray = np.all(masks, axis=1)
     out = Placed()
     seen: list[Observation] = []
@@ -128,15 +129,20 @@ def _place_compiled(
     net: NumpyNet,
     obs: BatchObservation,
     dag_part: np.ndarray,
-    emb: np.ndarray,
-    part: np.ndarray,
-    prior: np.ndarray,
-    emb_sum: np.ndarray,
-    count: np.ndarray,
 ) -> Placed:
     """The serving loop (argmax node, Beta means) in one compiled call; the observations
-    built when read (`LazyObservations`), so `obs.view` stays the snapshot here."""
+    built when read (`LazyObservations`), so `obs.view` stays the snapshot here. The node
+    MLP, the scorer's node half and the prior run once per distinct (task, node) row
+    (`distinct_rows`); the loop reads them through each pair's row."""
+    from dagsched.policy.distinct_rows import distinct_rows  # numba, as the kernel
+
     v, b = obs.view, len(obs.tasks)
+    row_of, first = distinct_rows(obs.nodes0)
+    xn = net.normalize("nodes", obs.nodes0.reshape(-1, obs.nodes0.shape[-1])[first])
+    emb = net.node_embed(xn)  # [U, H]
+    part = net.scorer_node_part(emb)
+    prior = net.prior_part(xn)  # [U]
+    count = np.maximum(1.0, obs.masks.sum(axis=1))
     specs = [t.workflow.tasks[t.idx] for t in obs.tasks]
     f64 = np.float64
     live = [np.array(a, dtype=f64) for a in (v.free_cores, v.free_mem, v.queue_len)]
@@ -205,10 +211,10 @@ def _place_compiled(
         float(CONC_SCALE),
         LOW,
         SPAN,
+        row_of,
         emb,
         part,
         prior,
-        emb_sum,
         count.astype(f64),
         c(dag_part, dtype=F32),
         node,

@@ -1,16 +1,21 @@
 """The served fast path's per-task loop, compiled (numba): a batch placed greedily in order.
 
-`fast_place.place_fast` computes, once per batch, every (task, node) pair's node embedding,
-the node half of the scorer and the prior part (large matrix products, numpy's BLAS). What
-must run task by task, in order - each task seeing the earlier placements - is here, in one
-compiled call for the whole batch, with no Python or numpy call per task:
+`fast_place.place_fast` computes, once per batch, the node embedding, the node half of the
+scorer and the prior part of every distinct (task, node) row (`distinct_rows`: equal
+feature rows share them; large matrix products, numpy's BLAS); `row_of[i, j]` names the
+row of task i at node j. What must run task by task, in order - each task seeing the
+earlier placements - is here, in one compiled call for the whole batch, with no Python or
+numpy call per task:
 
 - the nodes earlier placements touched: their DYNAMIC node features recomputed from the
   live load (`BatchObservation._dynamic`'s expressions), normalised and embedded again (the
-  node MLP, the scorer's node half, the prior), and the critic's embedding sum corrected;
+  node MLP, the scorer's node half, the prior) into the task's own scratch rows;
+- the critic's sum of the candidates' embeddings: each distinct row once, times how many
+  untouched candidates share it, plus the touched candidates' own rows;
 - the four cluster load aggregates on the live load, the context (cluster MLP on them and
   the DAG part), the context's parts of the scorer, continuous head and critic;
-- logits as `tanh(node part + context part) @ w + prior`, masked; the node is the first
+- logits as `tanh(node part + context part) @ w + prior` (once per distinct row and task),
+  masked; the node is the first
   within `TIE_TOL` of the best (`ties.best_node`); its log-softmax;
 - the continuous head at that node, the Beta means and their log-density (`lgamma`), the
   critic's value; then `ClusterView.take`'s arithmetic on the live load.
@@ -64,14 +69,13 @@ def _tanh_rational(x: Any) -> Any:  # float32 in, float32 out (numba types it)
 
 
 @njit(cache=True, fastmath={"reassoc", "contract", "nsz"}, error_model="numpy")
-def _scores(part: np.ndarray, ctx_part: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
-    """out[j] = tanh(part[j] + ctx_part) @ w for every node j: the scorer's output before
-    its bias and the prior (the sum over the hidden units in any order: vectorised)."""
-    for j in range(part.shape[0]):
-        acc = np.float32(0.0)
-        for k in range(part.shape[1]):
-            acc += _tanh_rational(part[j, k] + ctx_part[k]) * w[k]
-        out[j] = acc
+def _score(part: np.ndarray, r: int, ctx_part: np.ndarray, w: np.ndarray) -> np.float32:
+    """tanh(part[r] + ctx_part) @ w: the scorer's output before its bias and the prior (the
+    sum over the hidden units in any order: vectorised)."""
+    acc = np.float32(0.0)
+    for k in range(part.shape[1]):
+        acc += _tanh_rational(part[r, k] + ctx_part[k]) * w[k]
+    return acc
 
 
 @njit(cache=True)
@@ -84,7 +88,10 @@ def _embed_row(
     h: np.ndarray,
     out: np.ndarray,
 ) -> None:
-    """out = tanh(tanh(xn @ w1 + b1) @ w2 + b2), float32, `h` scratch."""
+    """out = tanh(tanh(xn @ w1 + b1) @ w2 + b2), float32, `h` scratch; the tanh is
+    `_tanh_rational` (vectorised: at 32 nodes a batch re-embeds ~1,800 touched rows, and the
+    libm tanh was ~20% of the loop), so these rows' embeddings move by ~1e-7 from the batch
+    products' and the logits by ~1e-6, inside `TIE_TOL`."""
     hidden = w1.shape[1]
     for k in range(hidden):
         h[k] = np.float32(0.0)
@@ -93,7 +100,7 @@ def _embed_row(
         for k in range(hidden):
             h[k] += v * w1[f, k]
     for k in range(hidden):
-        h[k] = _tanh32(h[k] + b1[k])
+        h[k] = _tanh_rational(h[k] + b1[k])
     out_dim = w2.shape[1]
     for k in range(out_dim):
         out[k] = np.float32(0.0)
@@ -102,7 +109,7 @@ def _embed_row(
         for k in range(out_dim):
             out[k] += v * w2[f, k]
     for k in range(out_dim):
-        out[k] = _tanh32(out[k] + b2[k])
+        out[k] = _tanh_rational(out[k] + b2[k])
 
 
 @njit(cache=True)
@@ -183,11 +190,12 @@ def place_batch(  # one compiled call per batch: its whole state, as arguments
     conc_scale: float,
     low: np.ndarray,
     span: np.ndarray,
-    # once per batch (fast_place), written per task where placements changed a row
+    # once per batch (fast_place): per (task, node) its distinct row, and per distinct row
+    # the node embedding, the scorer's node half and the prior part
+    row_of: np.ndarray,
     emb: np.ndarray,
     part: np.ndarray,
     prior: np.ndarray,
-    emb_sum: np.ndarray,
     count: np.ndarray,
     dag_part: np.ndarray,
     # outputs
@@ -200,9 +208,24 @@ def place_batch(  # one compiled call per batch: its whole state, as arguments
     b_count, n = res_c.shape
     hdim = node2_w.shape[1]
     n_feat = nodes0.shape[2]
+    # the nodes earlier placements touched, in order; their rows for the task at hand
     touched = np.zeros(n, dtype=np.bool_)
     touched_list = np.empty(n, dtype=np.int64)
+    slot = np.empty(n, dtype=np.int64)  # a touched node's place in touched_list
     n_touched = 0
+    cap = min(n, b_count)
+    t_emb = np.empty((cap, hdim), dtype=np.float32)
+    t_part = np.empty((cap, hdim), dtype=np.float32)
+    t_prior = np.empty(cap, dtype=np.float32)
+    # per distinct row: the task that last scored it and that score, the task that last
+    # counted it (critic's mean) and how often
+    u_count = emb.shape[0]
+    scored_by = np.full(u_count, -1, dtype=np.int64)
+    score = np.empty(u_count, dtype=np.float32)
+    counted_by = np.full(u_count, -1, dtype=np.int64)
+    times = np.zeros(u_count, dtype=np.int64)
+    seen = np.empty(u_count, dtype=np.int64)
+    emb_sum = np.empty(hdim, dtype=np.float64)
     n_alive = 0
     for j in range(n):
         if alive[j]:
@@ -210,14 +233,11 @@ def place_batch(  # one compiled call per batch: its whole state, as arguments
     x = np.empty(n_feat, dtype=np.float32)
     xn = np.empty(n_feat, dtype=np.float32)
     h = np.empty(max(node1_w.shape[1], hdim), dtype=np.float32)
-    e = np.empty(hdim, dtype=np.float32)
-    p = np.empty(hdim, dtype=np.float32)
     cl_n = np.empty(cluster0.shape[1], dtype=np.float32)
     z1 = np.empty(hdim, dtype=np.float32)
     ctx = np.empty(hdim, dtype=np.float32)
     parts = np.empty(ctx_w.shape[1], dtype=np.float32)
     logits = np.empty(n, dtype=np.float64)
-    scores = np.empty(n, dtype=np.float32)
     c_raw = np.empty(co2_w.shape[1], dtype=np.float32)
     mean_emb = np.empty(hdim, dtype=np.float32)
     for i in range(b_count):
@@ -247,18 +267,35 @@ def place_batch(  # one compiled call per batch: its whole state, as arguments
             for f in range(n_feat):
                 v = (x[f] - n_mean[f]) * n_inv[f]
                 xn[f] = min(max(v, np.float32(-10.0)), np.float32(10.0))
-            _embed_row(xn, node1_w, node1_b, node2_w, node2_b, h, e)
-            _affine(e, sc1_node, sc1_b, p)
-            if masks[i, j]:
-                for k in range(hdim):
-                    emb_sum[i, k] += np.float64(e[k]) - np.float64(emb[i, j, k])
-            for k in range(hdim):
-                emb[i, j, k] = e[k]
-                part[i, j, k] = p[k]
+            _embed_row(xn, node1_w, node1_b, node2_w, node2_b, h, t_emb[t])
+            _affine(t_emb[t], sc1_node, sc1_b, t_part[t])
             pr = sc2_b
             if has_prior:
                 pr += -prior_beta * xn[finish_col]
-            prior[i, j] = pr
+            t_prior[t] = pr
+        # -- the candidates' summed embedding (the critic's mean): each distinct row once,
+        # times how many untouched candidates have it, plus the touched candidates' rows
+        n_seen = 0
+        for j in range(n):
+            if masks[i, j] and not touched[j]:
+                r = row_of[i, j]
+                if counted_by[r] != i:
+                    counted_by[r] = i
+                    times[r] = 0
+                    seen[n_seen] = r
+                    n_seen += 1
+                times[r] += 1
+        for k in range(hdim):
+            emb_sum[k] = 0.0
+        for q in range(n_seen):
+            r = seen[q]
+            weight = np.float64(times[r])
+            for k in range(hdim):
+                emb_sum[k] += weight * np.float64(emb[r, k])
+        for t in range(n_touched):
+            if masks[i, touched_list[t]]:
+                for k in range(hdim):
+                    emb_sum[k] += np.float64(t_emb[t, k])
         # -- cluster features on the live load, the context and its parts
         var = 0.0
         idle = 1.0
@@ -310,10 +347,20 @@ def place_batch(  # one compiled call per batch: its whole state, as arguments
             for k in range(parts.shape[0]):
                 parts[k] += v * ctx_w[f, k]
         # -- logits, the node (first within the tie tolerance of the best), its log-softmax
-        _scores(part[i], parts[:hdim], sc2_w, scores)
+        # (a distinct row scored once per task; a touched node's row is its own)
         top = -np.inf
         for j in range(n):
-            lg = np.float64(scores[j] + prior[i, j] if masks[i, j] else _MASKED)
+            lg = np.float64(_MASKED)
+            if masks[i, j]:
+                if touched[j]:
+                    t = slot[j]
+                    lg = np.float64(_score(t_part, t, parts[:hdim], sc2_w) + t_prior[t])
+                else:
+                    r = row_of[i, j]
+                    if scored_by[r] != i:
+                        scored_by[r] = i
+                        score[r] = _score(part, r, parts[:hdim], sc2_w) + prior[r]
+                    lg = np.float64(score[r])
             logits[j] = lg
             top = max(top, lg)
         node = 0
@@ -326,10 +373,11 @@ def place_batch(  # one compiled call per batch: its whole state, as arguments
             total += math.exp(logits[j] - top)
         logp = logits[node] - top - math.log(total)
         # -- the continuous head at the node: Beta means and their log-density
+        e_node = t_emb[slot[node]] if touched[node] else emb[row_of[i, node]]
         for k in range(hdim):
             h[k] = np.float32(0.0)
         for f in range(hdim):
-            v = emb[i, node, f]
+            v = e_node[f]
             for k in range(hdim):
                 h[k] += v * co1_node[f, k]
         for k in range(hdim):
@@ -359,7 +407,7 @@ def place_batch(  # one compiled call per batch: its whole state, as arguments
         out_logp[i] = logp
         # -- the critic on the context and the candidates' mean embedding
         for k in range(hdim):
-            mean_emb[k] = np.float32(emb_sum[i, k] / count[i])
+            mean_emb[k] = np.float32(emb_sum[k] / count[i])
         for k in range(hdim):
             h[k] = np.float32(0.0)
         for f in range(hdim):
@@ -384,4 +432,5 @@ def place_batch(  # one compiled call per batch: its whole state, as arguments
         if not touched[node]:
             touched[node] = True
             touched_list[n_touched] = node
+            slot[node] = n_touched
             n_touched += 1

@@ -1,6 +1,6 @@
 """The served fast path (`fast_place`, numpy) decides as the plain forward pass does, task by
 task: on batches recorded from the simulator (busy clusters, family histories, placed parents,
-retries, dead nodes), at 8, 32 and 256 nodes, for the shipped champion and a randomly
+retries, dead nodes), at 8, 32, 256 and 1,024 nodes, for the shipped champion and a randomly
 initialised model.
 
 Per task, in order: the fast path's observation equals `observe` on the view with the
@@ -78,6 +78,8 @@ SCENARIOS = {
     "32 nodes, busy": (32, 2, 200, False, 0),
     "32 nodes, faults, dead nodes": (32, 3, 150, True, 3),
     "256 nodes": (256, 4, 300, False, 5),
+    # idle nodes of a kind alike: ~1 (task, node) row in 6 distinct, embedded once
+    "1,024 nodes, idle alike": (1024, 2, 100, False, 0),
 }
 
 
