@@ -65,6 +65,19 @@ def decode_record(raw: bytes | None) -> Any:
     return decode(raw)
 
 
+async def _behind(consumer: Any) -> bool:
+    """Whether the broker held records for this consumer past what it has handed out, as of
+    the last fetch responses (their high watermarks)."""
+    try:
+        for tp in consumer.assignment():
+            high = consumer.highwater(tp)
+            if high is not None and high > await consumer.position(tp):
+                return True
+    except Exception:  # partitions moving: take what is here
+        return False
+    return False
+
+
 class BatchLoop:
     """Batches of one replica: fetch, decide (or answer from the store), produce, commit.
 
@@ -137,17 +150,26 @@ class BatchLoop:
             await asyncio.shield(self._in_flight)
 
     async def _fetch(self, consumer: Any) -> list[ConsumerRecord[bytes, bytes]]:
-        """Up to `batch_max` records, waiting `batch_wait_ms` at most after the first."""
+        """Up to `batch_max` records: what has arrived, and more only while the broker holds
+        records not fetched yet, for `batch_wait_ms` at most after the first. An idle topic's
+        task is decided at once: waiting for input that is not there only added latency."""
         limit = self.cfg.batch_max
         got = await consumer.getmany(timeout_ms=100, max_records=limit)
         records = [r for rs in got.values() for r in rs]
         if not records:
             return []
         deadline = time.monotonic() + self.cfg.batch_wait_ms / 1000
-        while len(records) < limit and (left := deadline - time.monotonic()) > 0:
-            more = await consumer.getmany(
-                timeout_ms=max(1, int(left * 1000)), max_records=limit - len(records)
-            )
+        while len(records) < limit:
+            more = await consumer.getmany(timeout_ms=0, max_records=limit - len(records))
+            if not more:  # nothing buffered: wait for a fetch only if the broker has more
+                left = deadline - time.monotonic()
+                if left <= 0 or not await _behind(consumer):
+                    break
+                more = await consumer.getmany(
+                    timeout_ms=max(1, int(left * 1000)), max_records=limit - len(records)
+                )
+                if not more:
+                    break
             records.extend(r for rs in more.values() for r in rs)
         return records
 
