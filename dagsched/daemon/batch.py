@@ -49,19 +49,26 @@ from dagsched.sim.workflow import Workflow, WorkflowError
 log = structlog.get_logger(__name__)
 
 HOLD_S = (0.05, 0.5)  # backoff while no node is alive to place on
-# how `TaskReadyMsg.encode` starts a message: such a record is validated as a task_ready
-# straight away (what `decode` ends with), skipping its json.loads pass, which is there to
-# name what is wrong with a message; any failure goes through `decode` for that reason
-READY_PREFIX = b'{"schema_version":1,"type":"task_ready",'
+# how `TaskReadyMsg.encode` and `WorkflowMsg.encode` start a message: such a record is
+# validated as that type straight away (what `decode` ends with), skipping its json.loads
+# pass, which is there to name what is wrong with a message; any failure goes through
+# `decode` for that reason
+FAST_TYPES: tuple[tuple[bytes, type[TaskReadyMsg] | type[WorkflowMsg]], ...] = (
+    (b'{"schema_version":1,"type":"task_ready",', TaskReadyMsg),
+    (b'{"schema_version":1,"type":"workflow",', WorkflowMsg),
+)
 
 
 def decode_record(raw: bytes | None) -> Any:
-    """`decode`, with a fast path for the common record, a well-formed `task_ready`."""
-    if raw is not None and raw.startswith(READY_PREFIX) and len(raw) <= MAX_MESSAGE_BYTES:
-        try:
-            return TaskReadyMsg.model_validate_json(raw, strict=True)
-        except ValidationError:
-            pass
+    """`decode`, with a fast path for the common records, a well-formed `task_ready` or
+    `workflow`."""
+    if raw is not None and len(raw) <= MAX_MESSAGE_BYTES:
+        for prefix, model in FAST_TYPES:
+            if raw.startswith(prefix):
+                try:
+                    return model.model_validate_json(raw, strict=True)
+                except ValidationError:
+                    break
     return decode(raw)
 
 

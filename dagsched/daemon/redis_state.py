@@ -240,6 +240,8 @@ class RedisState:
     ) -> tuple[ClusterView, dict[str, Progress], dict[str, FamilyStats]]:
         """`cluster_view`, `workflow_progress(ids)` and `history.stats(families)` in one round
         trip (a pipeline of the three scripts): what a batch's first round reads."""
+        if not ids and not families:  # the heuristic's batch: the view alone, no pipeline
+            return await self.cluster_view(), {}, {}  # (a pipeline costs twice the CPU)
         pipe = self.redis.pipeline(transaction=False)
         await self._view(
             keys=[self.key("nodes"), self.key("clock")],
