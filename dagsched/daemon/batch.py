@@ -49,6 +49,7 @@ from dagsched.sim.workflow import Workflow, WorkflowError
 log = structlog.get_logger(__name__)
 
 HOLD_S = (0.05, 0.5)  # backoff while no node is alive to place on
+IDLE_S = 0.001  # a first fetch that waited longer found the loop idle: no batch wait then
 # how `TaskReadyMsg.encode` and `WorkflowMsg.encode` start a message: such a record is
 # validated as that type straight away (what `decode` ends with), skipping its json.loads
 # pass, which is there to name what is wrong with a message; any failure goes through
@@ -157,20 +158,26 @@ class BatchLoop:
             await asyncio.shield(self._in_flight)
 
     async def _fetch(self, consumer: Any) -> list[ConsumerRecord[bytes, bytes]]:
-        """Up to `batch_max` records: what has arrived, and more only while the broker holds
-        records not fetched yet, for `batch_wait_ms` at most after the first. An idle topic's
-        task is decided at once: waiting for input that is not there only added latency."""
+        """Up to `batch_max` records, waiting `batch_wait_ms` at most after the first for more
+        only while input is queued: when records were already waiting for this loop (it is
+        busy: a fetch holds one response per partition, so more has likely arrived behind
+        them), or the broker's high watermark says it holds records not fetched yet. A task
+        that finds the loop idle is decided at once: waiting for input that is not there only
+        added latency."""
         limit = self.cfg.batch_max
+        asked = time.monotonic()
         got = await consumer.getmany(timeout_ms=100, max_records=limit)
         records = [r for rs in got.values() for r in rs]
         if not records:
             return []
-        deadline = time.monotonic() + self.cfg.batch_wait_ms / 1000
+        now = time.monotonic()
+        busy = now - asked < IDLE_S
+        deadline = now + self.cfg.batch_wait_ms / 1000
         while len(records) < limit:
             more = await consumer.getmany(timeout_ms=0, max_records=limit - len(records))
-            if not more:  # nothing buffered: wait for a fetch only if the broker has more
+            if not more:  # nothing buffered: wait for a fetch only while input is queued
                 left = deadline - time.monotonic()
-                if left <= 0 or not await _behind(consumer):
+                if left <= 0 or not (busy or await _behind(consumer)):
                     break
                 more = await consumer.getmany(
                     timeout_ms=max(1, int(left * 1000)), max_records=limit - len(records)
