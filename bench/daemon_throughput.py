@@ -9,7 +9,8 @@ Workload: the default scenario's workflows (8-40 tasks), every task of each publ
 
 Configurations, each on a fresh topic and key prefix (its own consumer group, decision store
 and ledger), as separate processes like deployed replicas (code defaults + configs/default.yaml:
-`batch_max` 64, `batch_wait_ms` 5, acks=all, commit after the acks):
+`batch_max` 256, `batch_wait_ms` 5 while the broker holds records not yet fetched, acks=all,
+commit after the acks; the passthrough still waits `batch_wait_ms` after a batch's first record):
 - passthrough: `bench/harness/passthrough.py`, the daemon's consumer, producer, batching,
   acks and commits, one output per record; no policy, no Redis;
 - heuristic: `dagsched daemon --no-registry` (the least-loaded fallback);
@@ -26,7 +27,7 @@ Per configuration:
   decision at this process's reader - the moment the task was handed to the producer;
 - Redis: MEMORY USAGE of every key under the prefix after the backlog, by key family, / the
   backlog's decisions.
-Served path alone: `GNNScheduler.place` on batches of 64 tasks (the daemon's `batch_max`)
+Served path alone: `GNNScheduler.place` on batches of 64 tasks (the daemon's `batch_max` was 64)
 with real decision points of the default scenario scaled to 32, 256 and 2,048 nodes (played
 by least-loaded), in this process, no broker.
 

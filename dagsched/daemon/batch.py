@@ -49,20 +49,41 @@ from dagsched.sim.workflow import Workflow, WorkflowError
 log = structlog.get_logger(__name__)
 
 HOLD_S = (0.05, 0.5)  # backoff while no node is alive to place on
-# how `TaskReadyMsg.encode` starts a message: such a record is validated as a task_ready
-# straight away (what `decode` ends with), skipping its json.loads pass, which is there to
-# name what is wrong with a message; any failure goes through `decode` for that reason
-READY_PREFIX = b'{"schema_version":1,"type":"task_ready",'
+IDLE_S = 0.001  # a first fetch that waited longer found the loop idle: no batch wait then
+# how `TaskReadyMsg.encode` and `WorkflowMsg.encode` start a message: such a record is
+# validated as that type straight away (what `decode` ends with), skipping its json.loads
+# pass, which is there to name what is wrong with a message; any failure goes through
+# `decode` for that reason
+FAST_TYPES: tuple[tuple[bytes, type[TaskReadyMsg] | type[WorkflowMsg]], ...] = (
+    (b'{"schema_version":1,"type":"task_ready",', TaskReadyMsg),
+    (b'{"schema_version":1,"type":"workflow",', WorkflowMsg),
+)
 
 
 def decode_record(raw: bytes | None) -> Any:
-    """`decode`, with a fast path for the common record, a well-formed `task_ready`."""
-    if raw is not None and raw.startswith(READY_PREFIX) and len(raw) <= MAX_MESSAGE_BYTES:
-        try:
-            return TaskReadyMsg.model_validate_json(raw, strict=True)
-        except ValidationError:
-            pass
+    """`decode`, with a fast path for the common records, a well-formed `task_ready` or
+    `workflow`."""
+    if raw is not None and len(raw) <= MAX_MESSAGE_BYTES:
+        for prefix, model in FAST_TYPES:
+            if raw.startswith(prefix):
+                try:
+                    return model.model_validate_json(raw, strict=True)
+                except ValidationError:
+                    break
     return decode(raw)
+
+
+async def _behind(consumer: Any) -> bool:
+    """Whether the broker held records for this consumer past what it has handed out, as of
+    the last fetch responses (their high watermarks)."""
+    try:
+        for tp in consumer.assignment():
+            high = consumer.highwater(tp)
+            if high is not None and high > await consumer.position(tp):
+                return True
+    except Exception:  # partitions moving: take what is here
+        return False
+    return False
 
 
 class BatchLoop:
@@ -137,17 +158,32 @@ class BatchLoop:
             await asyncio.shield(self._in_flight)
 
     async def _fetch(self, consumer: Any) -> list[ConsumerRecord[bytes, bytes]]:
-        """Up to `batch_max` records, waiting `batch_wait_ms` at most after the first."""
+        """Up to `batch_max` records, waiting `batch_wait_ms` at most after the first for more
+        only while input is queued: when records were already waiting for this loop (it is
+        busy: a fetch holds one response per partition, so more has likely arrived behind
+        them), or the broker's high watermark says it holds records not fetched yet. A task
+        that finds the loop idle is decided at once: waiting for input that is not there only
+        added latency."""
         limit = self.cfg.batch_max
+        asked = time.monotonic()
         got = await consumer.getmany(timeout_ms=100, max_records=limit)
         records = [r for rs in got.values() for r in rs]
         if not records:
             return []
-        deadline = time.monotonic() + self.cfg.batch_wait_ms / 1000
-        while len(records) < limit and (left := deadline - time.monotonic()) > 0:
-            more = await consumer.getmany(
-                timeout_ms=max(1, int(left * 1000)), max_records=limit - len(records)
-            )
+        now = time.monotonic()
+        busy = now - asked < IDLE_S
+        deadline = now + self.cfg.batch_wait_ms / 1000
+        while len(records) < limit:
+            more = await consumer.getmany(timeout_ms=0, max_records=limit - len(records))
+            if not more:  # nothing buffered: wait for a fetch only while input is queued
+                left = deadline - time.monotonic()
+                if left <= 0 or not (busy or await _behind(consumer)):
+                    break
+                more = await consumer.getmany(
+                    timeout_ms=max(1, int(left * 1000)), max_records=limit - len(records)
+                )
+                if not more:
+                    break
             records.extend(r for rs in more.values() for r in rs)
         return records
 

@@ -15,9 +15,10 @@ from typing import Any
 import numpy as np
 import structlog
 
+from dagsched.daemon import encoding
 from dagsched.learner.decision_log import encode_view, task_view_record
 from dagsched.policy.api import Placement
-from dagsched.schemas.messages import DecisionBatchMsg, LoggedTaskMsg, TaskReadyMsg
+from dagsched.schemas.messages import TaskReadyMsg
 from dagsched.sim.observation import Observation, observe
 from dagsched.sim.view import ClusterView, TaskView
 
@@ -55,30 +56,24 @@ class PolicyCall:
         keys = []
         for (m, tv, p, trace), new in zip(self.tasks, self.new, strict=True):
             tasks.append(
-                LoggedTaskMsg(
-                    workflow_id=m.workflow_id,
-                    task=m.task,
-                    attempt=m.attempt,
-                    new=new,
-                    node_index=int(p.node),
-                    cpu=_fraction(p.cpu),
-                    mem=_fraction(p.mem),
-                    unit=trace[0] if trace else None,
-                    log_prob=min(0.0, p.log_prob) if math.isfinite(p.log_prob) else 0.0,
-                    value=trace[1] if trace and math.isfinite(trace[1]) else None,
-                    view=task_view_record(tv) if model else {},
+                encoding.logged_task(
+                    m.workflow_id,
+                    m.task,
+                    m.attempt,
+                    new,
+                    int(p.node),
+                    _fraction(p.cpu),
+                    _fraction(p.mem),
+                    trace[0] if trace else None,
+                    encoding.bounded_log_prob(p.log_prob),
+                    trace[1] if trace and math.isfinite(trace[1]) else None,
+                    task_view_record(tv) if model else {},
                 )
             )
             if new:
                 keys.append(f"{m.workflow_id}/{m.task}:{m.attempt}")
-        msg = DecisionBatchMsg(
-            model_version=self.version,
-            arm=self.arm,  # type: ignore[arg-type]
-            decided_at=self.decided_at,
-            view=self.view,
-            tasks=tasks,
-        )
-        return keys, msg.encode()
+        raw = encoding.decision_batch(self.version, self.arm, self.decided_at, self.view, tasks)
+        return keys, raw
 
 
 def _fraction(x: float) -> float:

@@ -19,13 +19,14 @@ from collections import defaultdict
 import numpy as np
 import structlog
 
+from dagsched.daemon import encoding
 from dagsched.daemon.batch_log import Logged, PolicyCall, Trace, snapshot
 from dagsched.daemon.metrics import DaemonMetrics
 from dagsched.daemon.models import Models
 from dagsched.daemon.redis_state import Reservation
 from dagsched.daemon.state import Progress, StateStore
 from dagsched.policy.api import Placement, Scheduler
-from dagsched.schemas.messages import DecisionMsg, TaskReadyMsg
+from dagsched.schemas.messages import TaskReadyMsg
 from dagsched.settings import Settings
 from dagsched.sim.history import FamilySummary
 from dagsched.sim.state import CPU_BOUNDS, MEM_BOUNDS, RETRY_BOUNDS
@@ -187,22 +188,20 @@ class Placer:
                 mem = min(max(float(p.mem), MEM_BOUNDS[0]), MEM_BOUNDS[1])
                 cores, mem_gb = cpu * view.cores[node], mem * view.mem_gb[node]
                 fits = view.take(tv, node, cpu, mem)
-                decision = DecisionMsg(
-                    workflow_id=m.workflow_id,
-                    task=m.task,
-                    attempt=m.attempt,
-                    node=view.node_ids[node],
-                    cpu=cpu,
-                    mem=mem,
-                    max_retries=int(
-                        min(max(round(p.max_retries), RETRY_BOUNDS[0]), RETRY_BOUNDS[1])
-                    ),
-                    model_version=version,
-                    arm=arm,  # type: ignore[arg-type]
-                    log_prob=min(0.0, float(p.log_prob)) if math.isfinite(p.log_prob) else 0.0,
-                    decided_at=now,
-                    latency_ms=max(0.0, (time.monotonic() - fetched) * 1000),
-                ).encode()
+                decision = encoding.decision(
+                    m.workflow_id,
+                    m.task,
+                    m.attempt,
+                    view.node_ids[node],
+                    cpu,
+                    mem,
+                    int(min(max(round(p.max_retries), RETRY_BOUNDS[0]), RETRY_BOUNDS[1])),
+                    version,
+                    arm,
+                    encoding.bounded_log_prob(p.log_prob),
+                    now,
+                    max(0.0, (time.monotonic() - fetched) * 1000),
+                )
                 speed = float(view.speed[node][spec.type])
                 res = Reservation(
                     task_key=key[0],
@@ -312,7 +311,8 @@ def _trace(sched: Scheduler, n: int) -> list[Trace]:
     values = getattr(sched, "last_values", None)
     if obs is None or units is None or values is None or len(obs) != n:
         return [None] * n
-    return [(list(u), float(v)) for u, v in zip(units, values, strict=True)]
+    # Python floats: a float32 would be logged at its own precision, not the model's value
+    return [([float(x) for x in u], float(v)) for u, v in zip(units, values, strict=True)]
 
 
 def _check(placements: list[Placement], view: ClusterView, n: int) -> None:
@@ -321,6 +321,8 @@ def _check(placements: list[Placement], view: ClusterView, n: int) -> None:
     for p in placements:
         if not (0 <= p.node < view.n) or not view.alive[p.node]:
             raise ValueError(f"placement on dead or unknown node {p.node}")
+        if not (math.isfinite(p.cpu) and math.isfinite(p.mem) and math.isfinite(p.max_retries)):
+            raise ValueError(f"placement with a number that is not finite: {p}")
 
 
 def _masks(

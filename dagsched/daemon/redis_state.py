@@ -28,7 +28,7 @@ being atomic, it interleaves with another replica's call only between rounds.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -227,19 +227,19 @@ class RedisState:
         return self._view_from(text, clock)
 
     def _view_from(self, text: bytes | str, clock: bytes | str | None) -> ClusterView:
-        ids: list[str] = []
-        rows: list[dict[str, str]] = []
-        for line in _str(text).split("\n") if text else []:
-            node, *values = line.split("\t")
-            ids.append(node)
-            rows.append({k: v for k, v in zip(VIEW_FIELDS, values, strict=True) if v})
-        return build_view(ids, rows, float(clock or 0.0), self.settings.sim.cluster.speed)
+        cells = [line.split("\t") for line in _str(text).split("\n")] if text else []
+        if any(len(c) != 1 + len(VIEW_FIELDS) for c in cells):
+            raise ValueError("the view script answered a row of another shape")
+        columns = dict(zip(("id", *VIEW_FIELDS), zip(*cells, strict=True), strict=False))
+        return build_view(len(cells), columns, float(clock or 0.0), self.settings.sim.cluster.speed)
 
     async def round_inputs(
         self, ids: Sequence[str], families: Sequence[str]
     ) -> tuple[ClusterView, dict[str, Progress], dict[str, FamilyStats]]:
         """`cluster_view`, `workflow_progress(ids)` and `history.stats(families)` in one round
         trip (a pipeline of the three scripts): what a batch's first round reads."""
+        if not ids and not families:  # the heuristic's batch: the view alone, no pipeline
+            return await self.cluster_view(), {}, {}  # (a pipeline costs twice the CPU)
         pipe = self.redis.pipeline(transaction=False)
         await self._view(
             keys=[self.key("nodes"), self.key("clock")],
@@ -373,27 +373,34 @@ def _bytes_list(xs: Sequence[bytes | str | None]) -> list[bytes | None]:
 
 
 def build_view(
-    ids: list[str], rows: list[dict[str, str]], now: float, speed: dict[str, dict[str, float]]
+    n: int,
+    columns: Mapping[str, Sequence[str]],
+    now: float,
+    speed: dict[str, dict[str, float]],
 ) -> ClusterView:
-    """A `ClusterView` from node hashes (missing numbers read as 0)."""
+    """A `ClusterView` of `n` nodes from their hash fields, a column of strings per field
+    (`id` the node ids; an empty string or a missing column reads as the field's default)."""
 
     def col(name: str, default: float = 0.0) -> np.ndarray:
-        return np.array([float(r.get(name, default)) for r in rows], dtype=float)
+        values = columns.get(name)
+        if values is None:
+            return np.full(n, default, dtype=float)
+        return np.array([float(v) if v else default for v in values], dtype=float)
 
-    kinds = [r.get("kind", "cpu") for r in rows]
+    kinds = [k or "cpu" for k in columns.get("kind", ("",) * n)]
     return ClusterView(
         now=now,
-        node_ids=list(ids),
+        node_ids=list(columns.get("id", ())),
         kind=np.array([NODE_KINDS.index(k) if k in NODE_KINDS else 0 for k in kinds], dtype=int),
-        zone=np.array([int(r.get("zone", 0)) for r in rows], dtype=int),
+        zone=np.array([int(z) if z else 0 for z in columns.get("zone", ("",) * n)], dtype=int),
         cores=col("cores", 1.0),
         mem_gb=col("mem_gb", 1.0),
         gpu_mem_gb=col("gpu_mem_gb"),
         net_gbps=col("net_gbps", 25.0),
         speed=np.array(
             [[speed.get(k, {}).get(t, 1.0) for t in TASK_TYPE_NAMES] for k in kinds], dtype=float
-        ).reshape(len(rows), len(TASK_TYPE_NAMES)),
-        alive=np.array([r.get("alive") == "1" for r in rows], dtype=bool),
+        ).reshape(n, len(TASK_TYPE_NAMES)),
+        alive=np.array([a == "1" for a in columns.get("alive", ("",) * n)], dtype=bool),
         free_cores=col("free_cores"),
         free_mem=col("free_mem"),
         queue_len=col("queue_len"),

@@ -1,0 +1,93 @@
+"""How the daemon forms batches: a task that finds the loop idle is decided at once;
+`daemon.batch_wait_ms` is spent waiting for more only while input is queued (the loop found
+records waiting, or the broker holds records it has not fetched yet)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from types import SimpleNamespace
+from typing import Any
+
+from aiokafka import TopicPartition
+
+from dagsched.daemon.batch import BatchLoop
+from dagsched.daemon.broker import ensure_topics
+from tests.daemon.conftest import Client, make_settings
+
+
+async def test_a_task_on_an_idle_topic_is_not_held_for_more_input(
+    broker, redis_url, tmp_path, start_daemon
+):
+    # a batch that waited its full `batch_wait_ms` for more input would answer after 10 s
+    s = make_settings(broker.bootstrap, redis_url, tmp_path, **{"daemon.batch_wait_ms": 10_000})
+    await ensure_topics(s)
+    client = await Client(s).start()
+    try:
+        await client.heartbeats(2)
+        await start_daemon(s)
+        await client.workflow("wf-0", n_tasks=2)
+        await client.wait("decisions", 0)
+        began = time.monotonic()
+        await client.ready("wf-0", 0)
+        (decision,) = await client.wait("decisions", 1, timeout=8.0)
+        assert decision.workflow_id == "wf-0" and decision.task == 0
+        assert time.monotonic() - began < 8.0
+        began = time.monotonic()
+        await client.ready("wf-0", 1)  # the topic idle again: the next one too
+        await client.wait("decisions", 2, timeout=8.0)
+        assert time.monotonic() - began < 8.0
+    finally:
+        await client.close()
+
+
+class _Consumer:
+    """Records in chunks, as aiokafka's fetcher hands them out: `chunks[0]` is buffered when
+    the loop asks (or arrives `first_after_s` later), each later chunk arrives while the loop
+    waits for more. The broker's high watermark never says more is there."""
+
+    def __init__(self, chunks: list[list[int]], first_after_s: float = 0.0) -> None:
+        self.chunks = chunks
+        self.first_after_s = first_after_s
+        self.tp = TopicPartition("tasks", 0)
+        self.handed = 0
+
+    async def getmany(self, timeout_ms: int, max_records: int) -> dict[Any, list[Any]]:
+        if self.handed == 0 and self.first_after_s:
+            await asyncio.sleep(self.first_after_s)  # the topic idle: the fetch waits
+        if not self.chunks or (timeout_ms == 0 and self.handed > 0):
+            return {}
+        chunk = self.chunks.pop(0)
+        self.handed += len(chunk)
+        return {self.tp: [SimpleNamespace(offset=o) for o in chunk]}
+
+    def assignment(self) -> set[TopicPartition]:
+        return {self.tp}
+
+    def highwater(self, tp: TopicPartition) -> int:
+        return self.handed
+
+    async def position(self, tp: TopicPartition) -> int:
+        return self.handed
+
+
+def _loop(batch_max: int = 100) -> BatchLoop:
+    loop = BatchLoop.__new__(BatchLoop)
+    loop.cfg = SimpleNamespace(batch_max=batch_max, batch_wait_ms=200.0)  # type: ignore[assignment]
+    return loop
+
+
+async def test_a_busy_loop_waits_for_the_input_queued_behind_what_it_found():
+    # records were waiting when the loop asked: more is likely behind them, worth a batch wait
+    got = await _loop()._fetch(_Consumer([[0, 1], [2, 3, 4]]))
+    assert [r.offset for r in got] == [0, 1, 2, 3, 4]
+
+
+async def test_an_idle_loop_takes_what_arrived_without_waiting():
+    got = await _loop()._fetch(_Consumer([[0, 1], [2, 3, 4]], first_after_s=0.05))
+    assert [r.offset for r in got] == [0, 1]
+
+
+async def test_a_batch_stops_at_batch_max():
+    got = await _loop(batch_max=3)._fetch(_Consumer([[0, 1], [2]]))
+    assert [r.offset for r in got] == [0, 1, 2]
