@@ -86,6 +86,7 @@ class WorkflowOutcomes:
         self.tallies: dict[str, _Tally] = {}
         # per workflow, the congestion of the batch its first task was placed in
         self.congestion: dict[str, Congestion] = {}
+        self.with_covariates = 0  # samples made with covariates (the others: unadjusted)
 
     def note(self, msg: DecisionBatchMsg) -> None:
         """A logged batch: the covariates of the workflows it placed first (decoding its view
@@ -125,6 +126,8 @@ class WorkflowOutcomes:
         end = max(t.last_end, j.end_at)
         met = not t.failed and t.last_end <= wf.arrival_s + wf.deadline_s
         speed = workflow_speed(end - wf.arrival_s, wf.deadline_s, t.failed)
+        x = covariates(wf, self.congestion.pop(j.workflow_id, None))
+        self.with_covariates += x is not None
         return Sample(
             j.workflow_id,
             t.arm,
@@ -132,7 +135,7 @@ class WorkflowOutcomes:
             float(met),
             sum(t.rewards) / len(t.rewards),
             speed,
-            covariates(wf, self.congestion.pop(j.workflow_id, None)),
+            x,
         )
 
 

@@ -386,7 +386,13 @@ class EvaluatorService:
     def _act(self, action: str, verdict: Any) -> None:
         stats = verdict.to_dict()
         version = (self.judge.challenger or "").removeprefix("v")
-        record: dict[str, Any] = {"action": action, "version": version, **stats}
+        record: dict[str, Any] = {
+            "action": action,
+            "version": version,
+            **stats,
+            "workflows_judged": self.samples,
+            "workflows_with_covariates": self.outcomes.with_covariates,
+        }
         lineage = (self.judge.champion or "").removeprefix("v")  # the test's champion
         try:
             if action == "promote":
