@@ -13,7 +13,7 @@ from dagsched.policy import fast_place
 from dagsched.policy.batch_observation import BatchObservation
 from dagsched.policy.bundle import load_bundle
 from dagsched.policy.distinct_rows import distinct_rows
-from dagsched.policy.lazy_observations import LazyObservations
+from tests.policy.same_decisions import assert_compiled_decided_as
 from tests.policy.test_fast_exact import recorded_batch
 
 CHAMPION = Path(__file__).resolve().parents[2] / "models" / "champion"
@@ -66,12 +66,4 @@ def test_the_compiled_loop_on_alike_rows_decides_as_the_numpy_loop(
         ref = sched.place(view, tasks)
         ref_units, ref_values = sched.last_units, sched.last_values
     got = sched.place(view, tasks)
-    assert isinstance(sched.last_observations, LazyObservations)  # the compiled loop ran
-    assert [p.node for p in got] == [p.node for p in ref]
-    assert len({p.node for p in got}) > 1
-    for p, q in zip(got, ref, strict=True):
-        assert p.max_retries == q.max_retries
-        assert abs(p.cpu - q.cpu) < 1e-5 and abs(p.mem - q.mem) < 1e-5
-        assert abs(p.log_prob - q.log_prob) < 1e-4
-    assert np.allclose(sched.last_units, ref_units, atol=1e-5, rtol=0)
-    assert np.allclose(sched.last_values, ref_values, atol=1e-4, rtol=0)
+    assert_compiled_decided_as(sched, got, ref, ref_units, ref_values)

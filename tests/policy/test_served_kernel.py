@@ -21,6 +21,7 @@ from dagsched.policy.scheduler import GNNScheduler
 from dagsched.policy.ties import TIE_TOL
 from dagsched.sim.observation import ANCHOR_FLOOR, Observation, observe
 from dagsched.sim.view import ClusterView, TaskView
+from tests.policy.same_decisions import assert_compiled_decided_as
 from tests.policy.test_fast_exact import recorded_batch
 
 CHAMPION = Path(__file__).resolve().parents[2] / "models" / "champion"
@@ -60,15 +61,7 @@ def test_the_compiled_loop_decides_as_the_numpy_loop(
     view, tasks = batch
     ref, _, ref_units, ref_values = _numpy_loop(champion, view, tasks, monkeypatch)
     got = champion.place(view, tasks)
-    assert isinstance(champion.last_observations, LazyObservations)  # the compiled loop ran
-    assert [p.node for p in got] == [p.node for p in ref]
-    assert len({p.node for p in got}) > 1
-    for p, q in zip(got, ref, strict=True):
-        assert p.max_retries == q.max_retries
-        assert abs(p.cpu - q.cpu) < 1e-5 and abs(p.mem - q.mem) < 1e-5
-        assert abs(p.log_prob - q.log_prob) < 1e-4
-    assert np.allclose(champion.last_units, ref_units, atol=1e-5, rtol=0)
-    assert np.allclose(champion.last_values, ref_values, atol=1e-4, rtol=0)
+    assert_compiled_decided_as(champion, got, ref, ref_units, ref_values)
 
 
 def test_lazy_observations_are_observes_in_any_order(
