@@ -25,6 +25,7 @@ from dagsched.learner.sequential import ABTest, DecisionRule, Running, Verdict, 
 from dagsched.schemas.messages import DecisionBatchMsg
 from dagsched.service_config import EvaluatorSettings
 
+MAX_UNFINISHED = 100_000  # workflows whose covariates wait for their outcome
 FAILED_JCT_RATIO = 2.0  # a failed workflow's speed counts it at least twice its deadline
 
 
@@ -91,7 +92,7 @@ class WorkflowOutcomes:
     def note(self, msg: DecisionBatchMsg) -> None:
         """A logged batch: the covariates of the workflows it placed first (decoding its view
         once, only when it holds such a workflow)."""
-        if msg.view is None:
+        if msg.view is None or msg.arm in ("fallback", "explore"):  # never judged
             return
         new = {t.workflow_id for t in msg.tasks if t.new and t.attempt == 0}
         new -= self.congestion.keys()
@@ -103,6 +104,8 @@ class WorkflowOutcomes:
             return
         for wf_id in new:
             self.congestion[wf_id] = seen
+        while len(self.congestion) > MAX_UNFINISHED:  # workflows that never finish: oldest out
+            del self.congestion[next(iter(self.congestion))]
 
     def add(self, j: Joined) -> Sample | None:
         info = self.joiner.workflows.get(j.workflow_id)

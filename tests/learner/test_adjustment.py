@@ -73,11 +73,10 @@ def test_no_adjustment_before_each_arm_has_enough_workflows_with_covariates() ->
     assert adjusted(moments, 0) is None
 
 
-def test_covariates_read_slack_and_congestion() -> None:
-    spec = TaskSpec("t", TaskType.CPU, 100.0, 1.0, 1.0)
-    wf = Workflow.build("w", [spec, spec], [(0, 1)], deadline_s=600.0)
+def four_nodes() -> ClusterView:
+    """Three alive nodes (one idle, one half used, one full with 9 queued tasks), one dead."""
     n = 4
-    view = ClusterView(
+    return ClusterView(
         now=0.0,
         node_ids=[f"n{i}" for i in range(n)],
         kind=np.zeros(n, dtype=int),
@@ -96,7 +95,12 @@ def test_covariates_read_slack_and_congestion() -> None:
         failure_rate=np.zeros(n),
         slowdown=np.ones(n),
     )
-    x = covariates(wf, congestion(view))
+
+
+def test_covariates_read_slack_and_congestion() -> None:
+    spec = TaskSpec("t", TaskType.CPU, 100.0, 1.0, 1.0)
+    wf = Workflow.build("w", [spec, spec], [(0, 1)], deadline_s=600.0)
+    x = covariates(wf, congestion(four_nodes()))
     assert x is not None and len(x) == len(COVARIATES)
     got = dict(zip(COVARIATES, x, strict=True))
     assert math.isclose(got["log_slack"], math.log(600.0 / 200.0), rel_tol=1e-6)

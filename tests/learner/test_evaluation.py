@@ -8,11 +8,14 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from dagsched.learner.adjustment import congestion, covariates
+from dagsched.learner.decision_log import batch_message, encode_view
 from dagsched.learner.evaluation import GUARDRAIL_MIN_SAMPLES, Judge, Sample, WorkflowOutcomes
 from dagsched.learner.joining import Joined, OutcomeJoiner
 from dagsched.learner.sequential import DecisionRule
-from dagsched.schemas.messages import TaskSpecMsg, WorkflowMsg
+from dagsched.schemas.messages import DecisionBatchMsg, LoggedTaskMsg, TaskSpecMsg, WorkflowMsg
 from dagsched.sim.config import RewardWeights
+from tests.learner.test_adjustment import four_nodes
 
 RULE = DecisionRule(min_samples=50, max_samples=2000)
 
@@ -51,6 +54,31 @@ def test_a_workflow_is_one_sample_when_all_tasks_finish_or_one_fails_for_good() 
     # the exploration slice is sampled, for the learner: never a sample for the A/B test
     explored = [replace(_joined("wf-1", t, 10), arm="explore") for t in (0, 1)]
     assert [outcomes.add(j) for j in explored] == [None, None]
+
+
+def test_a_workflow_takes_its_covariates_from_the_batch_that_placed_its_first_task() -> None:
+    joiner = OutcomeJoiner(RewardWeights())
+    spec = TaskSpecMsg(name="a", type="cpu", duration_s=10, cpu_cores=1, mem_gb=1)
+    for wf in ("wf-1", "wf-2", "wf-3"):
+        joiner.add(WorkflowMsg(workflow_id=wf, tasks=[spec], edges=[], deadline_s=50), now=0)
+    outcomes = WorkflowOutcomes(joiner)
+    view = encode_view(four_nodes())
+
+    def batch(arm: str, wf: str) -> DecisionBatchMsg:
+        task = LoggedTaskMsg(
+            workflow_id=wf, task=0, attempt=0, new=True, node_index=0, cpu=0.1, mem=0.1
+        )
+        return batch_message(model_version="v2", arm=arm, decided_at=0.0, view=view, tasks=[task])
+
+    outcomes.note(batch("challenger", "wf-1"))
+    outcomes.note(batch("explore", "wf-2"))  # never judged: nothing kept for it
+    assert set(outcomes.congestion) == {"wf-1"}
+    s1 = outcomes.add(_joined("wf-1", 0, 10))
+    s3 = outcomes.add(_joined("wf-3", 0, 10))  # its batch never seen: judged unadjusted
+    assert s1 is not None and s3 is not None
+    want = covariates(joiner.workflows["wf-1"].wf, congestion(four_nodes()))
+    assert s1.covariates == want and s3.covariates is None
+    assert outcomes.with_covariates == 1 and not outcomes.congestion
 
 
 def _feed(judge: Judge, rng: np.random.Generator, version: str, p: float) -> str | None:
