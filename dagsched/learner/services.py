@@ -70,11 +70,15 @@ class LearnerService:
     """Joins outcomes into a replay window and registers a fine-tuned challenger per round."""
 
     def __init__(self, settings: Settings) -> None:
+        from dagsched.registry.promotion import redis_notifier
+        from dagsched.registry.serving import model_channel
         from dagsched.registry.store import Registry
 
         self.settings = settings
         self.cfg = settings.learner
         self.registry = Registry(settings)
+        # daemons reload a new @challenger or @shadow at once, not at their next poll
+        self.notify = redis_notifier(settings.redis_url, model_channel(settings))
         self.joiner = OutcomeJoiner(
             settings.sim.reward, self.cfg.outcome_timeout_s, settings.daemon.max_dag_tasks
         )
@@ -232,6 +236,7 @@ class LearnerService:
         reg.set_alias(alias, version)
         if alias == CHALLENGER and reg.alias_version(SHADOW) is not None:
             reg.delete_alias(SHADOW)  # the new challenger was chained from it: superseded
+        self.notify(json.dumps({"action": "register", "alias": alias, "version": version}))
         log.info(
             "learner.round",
             version=version,

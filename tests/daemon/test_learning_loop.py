@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from pathlib import Path
+
+import redis.asyncio as aioredis
 
 from dagsched.daemon.broker import ensure_topics
 from dagsched.learner.curriculum import Curriculum
 from dagsched.learner.services import LearnerService
 from dagsched.learner.train import demonstrations
 from dagsched.registry.promotion import Promoter
+from dagsched.registry.serving import model_channel
 from dagsched.registry.store import CHALLENGER, CHAMPION, PREVIOUS, Registry
 from dagsched.settings import Settings
 from dagsched.sim.config import ScenarioConfig
@@ -59,7 +63,21 @@ async def test_learner_registers_a_challenger_from_the_logs(
     assert not LearnerService(replacing).challenger_busy()
     # a restarted learner carries on from the latest challenger, not from the champion
     restarted.window.extend(learner.window)
+    notices = aioredis.from_url(redis_url).pubsub()
+    await notices.subscribe(model_channel(s))
     again = await asyncio.to_thread(restarted.round)
+    # the daemons are told at once (they would otherwise wait for their next poll)
+    notice = None
+    deadline = time.monotonic() + 10
+    while notice is None and time.monotonic() < deadline:
+        notice = await notices.get_message(ignore_subscribe_messages=True, timeout=1.0)
+    await notices.aclose()
+    assert notice is not None
+    assert json.loads(notice["data"]) == {
+        "action": "register",
+        "alias": CHALLENGER,
+        "version": again,
+    }
     tags = reg.client.get_model_version(reg.name, again).tags
     assert tags["parent"] == champion and tags["resumed_from"] == version
     assert reg.alias_version(CHALLENGER) == again
