@@ -86,12 +86,14 @@ class DaemonMetrics:
         self.redis_up.set(1)
         self.refresh: Callable[[], None] | None = None  # updates gauges just before a scrape
 
-    def set_model(self, arm: str, version: str) -> None:
-        """Show `version` as the one serving `arm` (clearing the previous one)."""
+    def set_model(self, arm: str, version: str | None) -> None:
+        """Show `version` as the one serving `arm` (clearing the previous one); None: the
+        arm serves nothing now (its alias was removed)."""
         for labels in list(self.model_version._metrics):
             if labels[0] == arm:
                 self.model_version.remove(*labels)
-        self.model_version.labels(arm=arm, version=version).set(1)
+        if version is not None:
+            self.model_version.labels(arm=arm, version=version).set(1)
 
     def render(self) -> bytes:
         if self.refresh is not None:

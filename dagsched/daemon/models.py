@@ -136,8 +136,7 @@ class Models:
             self.serving[arm] = loaded
             new = loaded[0] if loaded is not None else None
             log.info("model.swapped", arm=arm, old=old, new=new)
-            if new is not None:
-                self.metrics.set_model(arm, new)
+            self.metrics.set_model(arm, new)
         return True
 
     def notify(self) -> None:

@@ -286,5 +286,12 @@ async def test_the_exploration_slice_samples_the_shadow_of_the_champion(
         await d.until_serving("shadow", f"v{stale}")
         served = await decide("b")
         assert served == {"explore": {f"v{champion}"}, "champion": {f"v{champion}"}}
+        m = await d.metrics()
+        assert m.value("dagsched_model_info", arm="shadow", version=f"v{stale}") == 1
+        # the alias removed: the shadow arm serves nothing, and the gauge says so
+        await asyncio.to_thread(reg.delete_alias, SHADOW)
+        await d.until_serving("shadow", None)
+        m = await d.metrics()
+        assert m.value("dagsched_model_info", arm="shadow", version=f"v{stale}") == 0
     finally:
         await client.close()
