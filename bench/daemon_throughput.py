@@ -22,9 +22,11 @@ Per configuration:
   arrival times / the time between those (startup and the tail left out; all-in also given);
   and the replicas' CPU time (user + system, start-up included) per decision, the steadier
   figure on a machine shared with other jobs;
-- latency (single-replica configurations): a paced producer offers 200, 1,000 and 5,000
-  tasks/s for `--pace-s` seconds each (workflows published first); latency = arrival of the
-  decision at this process's reader - the moment the task was handed to the producer;
+- latency (`--latency-configs`; `gnn2` as deployed: two replicas in one group sharing the
+  tasks topic's partitions, keyed by workflow, and the 2 cores): a paced producer offers 200,
+  1,000 and 5,000 tasks/s for `--pace-s` seconds each (workflows published first); latency =
+  arrival of the decision at this process's reader - the moment the task was handed to the
+  producer;
 - Redis: MEMORY USAGE of every key under the prefix after the backlog, by key family, / the
   backlog's decisions.
 Served path alone: `GNNScheduler.place` on batches of 64 tasks (the daemon's `batch_max` was 64)
@@ -167,7 +169,7 @@ class Bench:
             self.console.log(f"({name}) saturation: {fmt_rate(out['saturation'])}")
             if name != "passthrough":
                 out["redis"] = await redis_bytes(rds, s, len(keys), mem0)
-            if n == 1 and name in a.latency_configs:
+            if name in a.latency_configs:
                 out["latency"] = {}
                 for rate in RATES:
                     out["latency"][str(rate)] = await self.paced(
@@ -368,7 +370,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="a smaller run (under 3 minutes)")
     ap.add_argument("--json", action="store_true", help="one JSON object on stdout")
     ap.add_argument("--configs", default=",".join(CONFIGS))
-    ap.add_argument("--latency-configs", default="passthrough,heuristic,gnn")
+    ap.add_argument("--latency-configs", default="passthrough,heuristic,gnn,gnn2")
     ap.add_argument("--backlog", type=int, default=None, help="tasks (default 20000; quick 3000)")
     ap.add_argument("--pace-s", type=float, default=None, help="seconds per offered rate")
     ap.add_argument("--served-nodes", default=",".join(map(str, SERVED_NODES)))
@@ -381,7 +383,7 @@ def main() -> None:
     if args.quick:
         args.backlog = args.backlog or 3000
         args.pace_s = args.pace_s or 1.0
-        args.latency_configs &= {"gnn"}
+        args.latency_configs &= {"gnn", "gnn2"}
         args.served_s, args.served_warmup = 1.0, 30
         args.backlog_timeout, args.drain_timeout = 60.0, 30.0
     else:
