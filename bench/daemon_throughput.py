@@ -222,6 +222,7 @@ class Bench:
         ok = await self.wait_decided(reader, keys, f"({name}) {rate}/s", a.drain_timeout, replicas)
         lat = np.array([reader.arrived[k][0] - sent[k] for k in keys if k in reader.arrived])
         res = {
+            **_split(reader, keys, sent),
             "offered_per_s": offered,
             "tasks": len(keys),
             "decided": int(lat.size),
@@ -233,8 +234,35 @@ class Bench:
         self.console.log(
             f"({name}) {rate}/s offered ({offered:,.0f}): p50 {res['p50_ms'] or 0:,.1f} ms, "
             f"p99 {res['p99_ms'] or 0:,.1f} ms"
+            + (
+                f" (medians: to fetch {res['to_fetch_ms']:.1f}, in batch {res['in_batch_ms']:.1f},"
+                f" out {res['out_ms']:.1f} ms)"
+                if "out_ms" in res
+                else ""
+            )
         )
         return res
+
+
+def _split(reader: Reader, keys: list[Key], sent: dict[Key, float]) -> dict[str, Any]:
+    """Where a decision's latency went, medians in ms, from the times it carries (one clock
+    on this machine): `to_fetch` from the producer to the batch's fetch (linger, broker,
+    the consumer's fetch, a batch in progress), `in_batch` from the fetch to the decision
+    built (decode, Redis reads, the policy call), `out` from there to this reader (the
+    reservation script, the decision log, produce and acks, the reader's fetch)."""
+    parts: dict[str, list[float]] = {"to_fetch_ms": [], "in_batch_ms": [], "out_ms": []}
+    for k in keys:
+        raw = reader.raw.get(k)
+        if raw is None:
+            continue
+        d = json.loads(raw)
+        if "latency_ms" not in d:  # the passthrough's outputs carry no times
+            return {}
+        fetched = d["decided_at"] - d["latency_ms"] / 1000
+        parts["to_fetch_ms"].append((fetched - sent[k]) * 1000)
+        parts["in_batch_ms"].append(d["latency_ms"])
+        parts["out_ms"].append((reader.arrived[k][0] - d["decided_at"]) * 1000)
+    return {k: float(np.median(v)) for k, v in parts.items() if v}
 
 
 async def start_passthrough(i: int, s: Settings) -> Replica:
