@@ -91,3 +91,58 @@ async def test_an_idle_loop_takes_what_arrived_without_waiting():
 async def test_a_batch_stops_at_batch_max():
     got = await _loop(batch_max=3)._fetch(_Consumer([[0, 1], [2]]))
     assert [r.offset for r in got] == [0, 1, 2]
+
+
+class _Rs:
+    """Redis whose decision-log write finishes only once the batch's outputs were produced."""
+
+    def __init__(self, produced: asyncio.Event) -> None:
+        self.produced = produced
+        self.kept: list[Any] = []
+
+    async def put_decision_logs(self, logs: list[Any]) -> None:
+        await asyncio.wait_for(self.produced.wait(), 5.0)
+        self.kept += logs
+
+
+class _Committer:
+    def __init__(self, rs: _Rs) -> None:
+        self.rs = rs
+        self.commits: list[tuple[dict[TopicPartition, int], int]] = []
+
+    async def commit(self, offsets: dict[TopicPartition, int]) -> None:
+        self.commits.append((offsets, len(self.rs.kept)))  # and how many logs were kept then
+
+
+async def test_outputs_are_produced_without_waiting_for_the_decision_log(monkeypatch):
+    # the decisions are stored before `_finish`; the Redis decision log (for explain) is
+    # written while they are produced, and the commit waits for both
+    import dagsched.daemon.batch as batch_mod
+
+    produced = asyncio.Event()
+    sent: list[Any] = []
+
+    async def produce_all(producer, outputs, give_up_at=None, on_error=None):
+        sent.extend(outputs)
+        produced.set()
+        return True
+
+    monkeypatch.setattr(batch_mod, "produce_all", produce_all)
+    rs = _Rs(produced)
+    loop = BatchLoop.__new__(BatchLoop)
+    loop.cfg = SimpleNamespace(grace_s=5.0)  # type: ignore[assignment]
+    loop.stop_at = None
+    loop.rs = rs  # type: ignore[assignment]
+    loop.store = SimpleNamespace(degraded=False)  # type: ignore[assignment]
+    loop.metrics = SimpleNamespace(  # type: ignore[assignment]
+        kafka_errors=SimpleNamespace(inc=lambda: None),
+        latency=SimpleNamespace(observe=lambda _x: None),
+    )
+    loop.stats = {"committed": 0}
+    consumer = _Committer(rs)
+    records = [SimpleNamespace(topic="tasks", partition=0, offset=o) for o in (7, 8)]
+    outputs = [("decisions", b"wf", b"d7"), ("decisions", b"wf", b"d8")]
+    await loop._finish(consumer, None, records, outputs, [(["wf/0:0"], b"log")], 2, 0.0)  # type: ignore[arg-type]
+    assert sent == outputs
+    assert consumer.commits == [({TopicPartition("tasks", 0): 9}, 1)]
+    assert loop.stats["committed"] == 2
