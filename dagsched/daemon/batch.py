@@ -288,9 +288,14 @@ class BatchLoop:
                 )
         await self.store.put_workflows(workflows)
         keys = list(dict.fromkeys((f"{m.workflow_id}/{m.task}", m.attempt) for _, _, m in ready))
-        answers: dict[tuple[str, int], bytes | str | None] = dict(
-            zip(keys, await self.store.stored(keys), strict=True)
-        )
+        inputs = None
+        if ready:  # the stored decisions and the first round's reads, both round trips at once
+            stored, inputs = await asyncio.gather(
+                self.store.stored(keys), self.placer.read_inputs(m for _, _, m in ready)
+            )
+        else:
+            stored = []
+        answers: dict[tuple[str, int], bytes | str | None] = dict(zip(keys, stored, strict=True))
         todo: dict[tuple[str, int], TaskReadyMsg] = {}
         for _, _, m in ready:
             key = (f"{m.workflow_id}/{m.task}", m.attempt)
@@ -299,7 +304,7 @@ class BatchLoop:
         new: set[tuple[str, int]] = set()
         logs: list[Logged] = []
         if todo:
-            decided, new, logs = await self.placer.decide(todo, fetched)
+            decided, new, logs = await self.placer.decide(todo, fetched, inputs)
             answers.update(decided)
         fresh = 0
         seen: set[tuple[str, int]] = set()
