@@ -22,9 +22,11 @@ Per configuration:
   arrival times / the time between those (startup and the tail left out; all-in also given);
   and the replicas' CPU time (user + system, start-up included) per decision, the steadier
   figure on a machine shared with other jobs;
-- latency (single-replica configurations): a paced producer offers 200, 1,000 and 5,000
-  tasks/s for `--pace-s` seconds each (workflows published first); latency = arrival of the
-  decision at this process's reader - the moment the task was handed to the producer;
+- latency (`--latency-configs`; `gnn2` as deployed: two replicas in one group sharing the
+  tasks topic's partitions, keyed by workflow, and the 2 cores): a paced producer offers 200,
+  1,000 and 5,000 tasks/s for `--pace-s` seconds each (workflows published first); latency =
+  arrival of the decision at this process's reader - the moment the task was handed to the
+  producer;
 - Redis: MEMORY USAGE of every key under the prefix after the backlog, by key family, / the
   backlog's decisions.
 Served path alone: `GNNScheduler.place` on batches of 64 tasks (the daemon's `batch_max` was 64)
@@ -167,7 +169,7 @@ class Bench:
             self.console.log(f"({name}) saturation: {fmt_rate(out['saturation'])}")
             if name != "passthrough":
                 out["redis"] = await redis_bytes(rds, s, len(keys), mem0)
-            if n == 1 and name in a.latency_configs:
+            if name in a.latency_configs:
                 out["latency"] = {}
                 for rate in RATES:
                     out["latency"][str(rate)] = await self.paced(
@@ -220,6 +222,7 @@ class Bench:
         ok = await self.wait_decided(reader, keys, f"({name}) {rate}/s", a.drain_timeout, replicas)
         lat = np.array([reader.arrived[k][0] - sent[k] for k in keys if k in reader.arrived])
         res = {
+            **_split(reader, keys, sent),
             "offered_per_s": offered,
             "tasks": len(keys),
             "decided": int(lat.size),
@@ -231,8 +234,35 @@ class Bench:
         self.console.log(
             f"({name}) {rate}/s offered ({offered:,.0f}): p50 {res['p50_ms'] or 0:,.1f} ms, "
             f"p99 {res['p99_ms'] or 0:,.1f} ms"
+            + (
+                f" (medians: to fetch {res['to_fetch_ms']:.1f}, in batch {res['in_batch_ms']:.1f},"
+                f" out {res['out_ms']:.1f} ms)"
+                if "out_ms" in res
+                else ""
+            )
         )
         return res
+
+
+def _split(reader: Reader, keys: list[Key], sent: dict[Key, float]) -> dict[str, Any]:
+    """Where a decision's latency went, medians in ms, from the times it carries (one clock
+    on this machine): `to_fetch` from the producer to the batch's fetch (linger, broker,
+    the consumer's fetch, a batch in progress), `in_batch` from the fetch to the decision
+    built (decode, Redis reads, the policy call), `out` from there to this reader (the
+    reservation script, the decision log, produce and acks, the reader's fetch)."""
+    parts: dict[str, list[float]] = {"to_fetch_ms": [], "in_batch_ms": [], "out_ms": []}
+    for k in keys:
+        raw = reader.raw.get(k)
+        if raw is None:
+            continue
+        d = json.loads(raw)
+        if "latency_ms" not in d:  # the passthrough's outputs carry no times
+            return {}
+        fetched = d["decided_at"] - d["latency_ms"] / 1000
+        parts["to_fetch_ms"].append((fetched - sent[k]) * 1000)
+        parts["in_batch_ms"].append(d["latency_ms"])
+        parts["out_ms"].append((reader.arrived[k][0] - d["decided_at"]) * 1000)
+    return {k: float(np.median(v)) for k, v in parts.items() if v}
 
 
 async def start_passthrough(i: int, s: Settings) -> Replica:
@@ -368,7 +398,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="a smaller run (under 3 minutes)")
     ap.add_argument("--json", action="store_true", help="one JSON object on stdout")
     ap.add_argument("--configs", default=",".join(CONFIGS))
-    ap.add_argument("--latency-configs", default="passthrough,heuristic,gnn")
+    ap.add_argument("--latency-configs", default="passthrough,heuristic,gnn,gnn2")
     ap.add_argument("--backlog", type=int, default=None, help="tasks (default 20000; quick 3000)")
     ap.add_argument("--pace-s", type=float, default=None, help="seconds per offered rate")
     ap.add_argument("--served-nodes", default=",".join(map(str, SERVED_NODES)))
@@ -381,7 +411,7 @@ def main() -> None:
     if args.quick:
         args.backlog = args.backlog or 3000
         args.pace_s = args.pace_s or 1.0
-        args.latency_configs &= {"gnn"}
+        args.latency_configs &= {"gnn", "gnn2"}
         args.served_s, args.served_warmup = 1.0, 30
         args.backlog_timeout, args.drain_timeout = 60.0, 30.0
     else:

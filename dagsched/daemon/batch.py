@@ -222,15 +222,20 @@ class BatchLoop:
         fresh: int,
         fetched: float,
     ) -> None:
-        """Keep the batch's decision logs, produce its outputs, wait for every ack, then
-        commit `{partition: last offset + 1}`."""
-        if logs and not self.store.degraded:
-            try:  # one script call for the batch's logs, trimmed to the cap
-                await self.rs.put_decision_logs(logs)
-            except RedisError as exc:  # explainability is best effort; decisions are not
-                log.warning("decision_log.redis_failed", error=str(exc))
+        """Produce the batch's outputs while its decision logs are kept in Redis, wait for
+        every ack and the logs, then commit `{partition: last offset + 1}`.
+
+        The decisions are stored (`decide_many`) before this runs: that is what makes a
+        redelivery answer the same. The Redis decision log is best effort, for `explain`,
+        so the outputs need not wait for it: writing it first kept every decision a Redis
+        round trip (and the log's compression) longer from its reader. The commit still
+        waits for both, so a committed batch has its logs kept."""
         give_up = None if self.stop_at is None else self.stop_at + self.cfg.grace_s
-        ok = await produce_all(producer, outputs, give_up, self.metrics.kafka_errors.inc)
+        produced = produce_all(producer, outputs, give_up, self.metrics.kafka_errors.inc)
+        if logs and not self.store.degraded:
+            ok, _ = await asyncio.gather(produced, self._keep_logs(logs))
+        else:
+            ok = await produced
         if not ok:
             log.warning("batch.not_acked", records=len(records))
             return
@@ -248,6 +253,12 @@ class BatchLoop:
             log.warning("kafka.commit_failed", error=str(exc))
             return
         self.stats["committed"] += len(records)
+
+    async def _keep_logs(self, logs: list[Logged]) -> None:
+        try:  # one script call for the batch's logs, trimmed to the cap
+            await self.rs.put_decision_logs(logs)
+        except RedisError as exc:  # explainability is best effort; decisions are not
+            log.warning("decision_log.redis_failed", error=str(exc))
 
     # -- one batch, pure of Kafka -------------------------------------------------------------
 
@@ -277,9 +288,14 @@ class BatchLoop:
                 )
         await self.store.put_workflows(workflows)
         keys = list(dict.fromkeys((f"{m.workflow_id}/{m.task}", m.attempt) for _, _, m in ready))
-        answers: dict[tuple[str, int], bytes | str | None] = dict(
-            zip(keys, await self.store.stored(keys), strict=True)
-        )
+        inputs = None
+        if ready:  # the stored decisions and the first round's reads, both round trips at once
+            stored, inputs = await asyncio.gather(
+                self.store.stored(keys), self.placer.read_inputs(m for _, _, m in ready)
+            )
+        else:
+            stored = []
+        answers: dict[tuple[str, int], bytes | str | None] = dict(zip(keys, stored, strict=True))
         todo: dict[tuple[str, int], TaskReadyMsg] = {}
         for _, _, m in ready:
             key = (f"{m.workflow_id}/{m.task}", m.attempt)
@@ -288,7 +304,7 @@ class BatchLoop:
         new: set[tuple[str, int]] = set()
         logs: list[Logged] = []
         if todo:
-            decided, new, logs = await self.placer.decide(todo, fetched)
+            decided, new, logs = await self.placer.decide(todo, fetched, inputs)
             answers.update(decided)
         fresh = 0
         seen: set[tuple[str, int]] = set()

@@ -15,6 +15,7 @@ import asyncio
 import math
 import time
 from collections import defaultdict
+from collections.abc import Iterable
 
 import numpy as np
 import structlog
@@ -39,6 +40,11 @@ PLACE_ROUNDS = 3
 VIEW_POLL_S = 0.002  # how often a batch re-reads the clock while it waits for the updater
 
 Key = tuple[str, int]  # (workflow_id/task, attempt)
+# a batch's first-round reads (`Placer.read_inputs`): workflows by id, the view, where the
+# modelled tasks' workflows stand, their families' history
+Inputs = tuple[
+    dict[str, Workflow | None], ClusterView | None, dict[str, Progress], dict[str, FamilySummary]
+]
 FINISH_CACHE = 10_000  # workflows whose downward finish times are kept (as the store's cache)
 
 
@@ -71,16 +77,43 @@ class Placer:
         # batches while the store keeps that Workflow object
         self._finish: dict[str, tuple[Workflow, list[float], float]] = {}
 
+    async def read_inputs(self, msgs: Iterable[TaskReadyMsg]) -> Inputs:
+        """What a batch's first round reads for the tasks `msgs`: their workflows (the local
+        cache, else Redis), then in one round trip the cluster view, where the modelled
+        tasks' workflows stand and their families' history (the heuristic reads neither).
+        `BatchLoop.process` reads this for every ready task of a batch while it looks up
+        their stored decisions: the two round trips overlap."""
+        msgs = list(msgs)
+        wfs = await self.store.workflow_lookup(sorted({m.workflow_id for m in msgs}))
+        modelled = [
+            (m, wf)
+            for m in msgs
+            if (wf := wfs.get(m.workflow_id)) is not None
+            and m.task < wf.size
+            and self._model_arm((f"{m.workflow_id}/{m.task}", m.attempt))
+        ]
+        view, progress, history = await self.store.round_inputs(
+            sorted({m.workflow_id for m, _ in modelled}),
+            sorted({wf.tasks[m.task].family for m, wf in modelled}),
+        )
+        return wfs, view, progress, history
+
     async def decide(
-        self, todo: dict[tuple[str, int], TaskReadyMsg], fetched: float
+        self,
+        todo: dict[tuple[str, int], TaskReadyMsg],
+        fetched: float,
+        inputs: Inputs | None = None,
     ) -> tuple[dict[tuple[str, int], bytes | str], set[tuple[str, int]], list[Logged]]:
         """Place every task of `todo`: decisions (or dead-letter reasons, as str) by key, the
         keys whose decision was made now (not found stored by another replica), and the
-        decision-log records (one `decision_batch` per policy call with new decisions)."""
+        decision-log records (one `decision_batch` per policy call with new decisions).
+        `inputs`: `read_inputs` of these tasks or more, read just before (else read here)."""
         self._logs = []
         out: dict[tuple[str, int], bytes | str] = {}
         new: set[tuple[str, int]] = set()
-        wfs = await self.store.workflow_lookup(sorted({m.workflow_id for m in todo.values()}))
+        if inputs is None:
+            inputs = await self.read_inputs(todo.values())
+        wfs, view, progress, self._history = inputs
         pending: dict[tuple[str, int], tuple[TaskReadyMsg, Workflow]] = {}
         for key, m in todo.items():
             wf = wfs.get(m.workflow_id)
@@ -94,13 +127,6 @@ class Placer:
             else:
                 pending[key] = (m, wf)
         at = max((m.at for m, _ in pending.values() if m.at is not None), default=None)
-        # family history and where workflows stand feed the models' task views; the heuristic
-        # reads neither. The first round reads them with the view, in one round trip.
-        modelled = [(m, wf) for k, (m, wf) in pending.items() if self._model_arm(k)]
-        view, progress, self._history = await self.store.round_inputs(
-            sorted({m.workflow_id for m, _ in modelled}),
-            sorted({wf.tasks[m.task].family for m, wf in modelled}),
-        )
         for round_ in range(PLACE_ROUNDS):
             if not pending:
                 break

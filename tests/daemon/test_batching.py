@@ -91,3 +91,110 @@ async def test_an_idle_loop_takes_what_arrived_without_waiting():
 async def test_a_batch_stops_at_batch_max():
     got = await _loop(batch_max=3)._fetch(_Consumer([[0, 1], [2]]))
     assert [r.offset for r in got] == [0, 1, 2]
+
+
+class _Rs:
+    """Redis whose decision-log write finishes only once the batch's outputs were produced."""
+
+    def __init__(self, produced: asyncio.Event) -> None:
+        self.produced = produced
+        self.kept: list[Any] = []
+
+    async def put_decision_logs(self, logs: list[Any]) -> None:
+        await asyncio.wait_for(self.produced.wait(), 5.0)
+        self.kept += logs
+
+
+class _Committer:
+    def __init__(self, rs: _Rs) -> None:
+        self.rs = rs
+        self.commits: list[tuple[dict[TopicPartition, int], int]] = []
+
+    async def commit(self, offsets: dict[TopicPartition, int]) -> None:
+        self.commits.append((offsets, len(self.rs.kept)))  # and how many logs were kept then
+
+
+async def test_outputs_are_produced_without_waiting_for_the_decision_log(monkeypatch):
+    # the decisions are stored before `_finish`; the Redis decision log (for explain) is
+    # written while they are produced, and the commit waits for both
+    import dagsched.daemon.batch as batch_mod
+
+    produced = asyncio.Event()
+    sent: list[Any] = []
+
+    async def produce_all(producer, outputs, give_up_at=None, on_error=None):
+        sent.extend(outputs)
+        produced.set()
+        return True
+
+    monkeypatch.setattr(batch_mod, "produce_all", produce_all)
+    rs = _Rs(produced)
+    loop = BatchLoop.__new__(BatchLoop)
+    loop.cfg = SimpleNamespace(grace_s=5.0)  # type: ignore[assignment]
+    loop.stop_at = None
+    loop.rs = rs  # type: ignore[assignment]
+    loop.store = SimpleNamespace(degraded=False)  # type: ignore[assignment]
+    loop.metrics = SimpleNamespace(  # type: ignore[assignment]
+        kafka_errors=SimpleNamespace(inc=lambda: None),
+        latency=SimpleNamespace(observe=lambda _x: None),
+    )
+    loop.stats = {"committed": 0}
+    consumer = _Committer(rs)
+    records = [SimpleNamespace(topic="tasks", partition=0, offset=o) for o in (7, 8)]
+    outputs = [("decisions", b"wf", b"d7"), ("decisions", b"wf", b"d8")]
+    await loop._finish(consumer, None, records, outputs, [(["wf/0:0"], b"log")], 2, 0.0)  # type: ignore[arg-type]
+    assert sent == outputs
+    assert consumer.commits == [({TopicPartition("tasks", 0): 9}, 1)]
+    assert loop.stats["committed"] == 2
+
+
+async def test_a_batch_reads_its_inputs_while_it_looks_up_stored_decisions():
+    # the stored-decision lookup and the first round's reads (view, progress, history) are
+    # two Redis round trips: neither waits for the other. Here the lookup answers only once
+    # the reads have begun, and the reads only once the lookup has: in turn, they would hang.
+    from dagsched.schemas.messages import TaskReadyMsg
+
+    began = {"stored": asyncio.Event(), "inputs": asyncio.Event()}
+    decided: list[Any] = []
+
+    class _Store:
+        async def put_workflows(self, items: list[Any]) -> None:
+            pass
+
+        async def stored(self, keys: list[Any]) -> list[Any]:
+            began["stored"].set()
+            await asyncio.wait_for(began["inputs"].wait(), 5.0)
+            return [b"stored" if k == ("wf/1", 0) else None for k in keys]
+
+    class _Placer:
+        async def read_inputs(self, msgs: Any) -> Any:
+            began["inputs"].set()
+            await asyncio.wait_for(began["stored"].wait(), 5.0)
+            return ("inputs", [m.task for m in msgs])
+
+        async def decide(self, todo: Any, fetched: float, inputs: Any) -> Any:
+            decided.append((sorted(todo), inputs))
+            return {k: b"new" for k in todo}, set(todo), []
+
+    loop = BatchLoop.__new__(BatchLoop)
+    loop.settings = SimpleNamespace(topic=lambda name: name)  # type: ignore[assignment]
+    loop.cfg = SimpleNamespace(max_dag_tasks=100)  # type: ignore[assignment]
+    loop.store = _Store()  # type: ignore[assignment]
+    loop.placer = _Placer()  # type: ignore[assignment]
+    loop.metrics = SimpleNamespace(duplicates=SimpleNamespace(inc=lambda: None))  # type: ignore[assignment]
+    loop.stats = {"duplicates": 0}
+    records = [
+        SimpleNamespace(
+            topic="tasks",
+            partition=0,
+            offset=t,
+            key=b"wf",
+            value=TaskReadyMsg(workflow_id="wf", task=t, attempt=0).encode(),
+        )
+        for t in (0, 1)
+    ]
+    outputs, fresh, _ = await loop.process(records, 0.0)  # type: ignore[arg-type]
+    # task 1 was answered from the store; task 0 decided on the inputs read for both
+    assert decided == [([("wf/0", 0)], ("inputs", [0, 1]))]
+    assert outputs == [("decisions", b"wf", b"new"), ("decisions", b"wf", b"stored")]
+    assert fresh == 1

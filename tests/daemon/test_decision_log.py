@@ -4,7 +4,9 @@ explain` find the observation of every new decision in it."""
 
 from __future__ import annotations
 
+import asyncio
 import random
+import time
 import zlib
 from pathlib import Path
 
@@ -116,6 +118,11 @@ async def test_gnn_decisions_are_logged_per_batch_and_explain_and_replay_find_th
             assert obs is not None and obs.nodes.shape[0] == 4 and obs.mask[rec.node_index]
     # explain finds a decision's observation in Redis (the record that names it)
     store = DecisionStore(s)
+    # the Redis log is written while the batch's outputs are produced, committed after both:
+    # the decisions can reach this reader a moment before their log is kept
+    deadline = time.monotonic() + 10
+    while store.recent_logs(1)[1] < 24 and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
     by_key = {(f"{d.workflow_id}/{d.task}", d.attempt): d for d in decisions}
     for key in [keys[0], keys[-1]]:
         attempt, raw_log, raw_dec = store.find(key[0], None)
