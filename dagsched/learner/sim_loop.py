@@ -183,7 +183,9 @@ class SimLoop:
 
     def decide(self, sim: Simulator, ready: list[TaskRun]) -> list[Decision]:
         view = cluster_view(sim).batch_copy()  # each arm sees the earlier arms' placements
-        seen = congestion(view)  # the batch's snapshot: the covariates of workflows it starts
+        # the snapshot's congestion: the covariates of the workflows this batch starts
+        starts = any(t.run.wf.id not in self.workflows for t in ready)
+        seen = congestion(view) if starts else None
         arms: dict[str, list[int]] = {}
         for i, t in enumerate(ready):
             arms.setdefault(self.arm_of(t.run.wf.id), []).append(i)
@@ -200,7 +202,8 @@ class SimLoop:
                     self.workflows[wf.id] = WorkflowResult(
                         wf.id, wf.arrival_s, wf.arrival_s + wf.deadline_s, arm, version
                     )
-                    self._congestion[wf.id] = seen
+                    if seen is not None:  # always, as the batch starts this workflow
+                        self._congestion[wf.id] = seen
                 joined = Joined(
                     key=(t.key, t.attempt),
                     workflow_id=wf.id,

@@ -21,6 +21,7 @@ objects. The numbers are the plain forward pass's to float rounding
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -109,19 +110,15 @@ def place_fast(
     return out
 
 
-_compiled: list[ModuleType | None] = []  # the kernel module, imported on first use
-
-
+@functools.cache
 def _kernel() -> ModuleType | None:
-    """`greedy_kernel`, or None where numba is not installed (the numpy loop serves)."""
-    if not _compiled:
-        try:
-            from dagsched.policy import greedy_kernel
-        except ImportError:  # pragma: no cover - numba is a dependency
-            _compiled.append(None)
-        else:
-            _compiled.append(greedy_kernel)
-    return _compiled[0]
+    """`greedy_kernel`, imported on first use, or None where numba is not installed (the
+    numpy loop serves)."""
+    try:
+        from dagsched.policy import greedy_kernel
+    except ImportError:  # pragma: no cover - numba is a dependency
+        return None
+    return greedy_kernel
 
 
 def _place_compiled(

@@ -26,7 +26,11 @@ the plain forward pass's to float rounding, as the numpy loop's are
 caller builds them from the placements when they are read (`fast_place.LazyObservations`).
 
 Compiled on first call (`cache=True`: a few seconds once per machine, then loaded from
-numba's cache next to this file); importing this module compiles nothing.
+numba's cache next to this file); importing this module compiles nothing. The kernel calls
+nothing outside this file and copies the few constants and formulas it shares with
+`fast_place` (the Beta density, `ANCHOR_FLOOR`, `TIE_TOL`): numba's cache is invalidated
+only by changes to this file, so a callee elsewhere could go stale unnoticed; the tests
+pin the copies (`test_served_kernel`).
 """
 
 from __future__ import annotations
