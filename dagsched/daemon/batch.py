@@ -171,7 +171,10 @@ class BatchLoop:
         if not records:
             return []
         now = time.monotonic()
-        busy = now - asked < IDLE_S
+        # busy: several records were waiting when the loop asked. A lone one found at once
+        # only means aiokafka's fetcher took it while the loop was between calls: an idle
+        # topic's task, which must not wait `batch_wait_ms` for input that is not there
+        busy = now - asked < IDLE_S and len(records) > 1
         deadline = now + self.cfg.batch_wait_ms / 1000
         while len(records) < limit:
             more = await consumer.getmany(timeout_ms=0, max_records=limit - len(records))
