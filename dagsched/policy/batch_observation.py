@@ -10,7 +10,7 @@ whole node arrays. Everything else is per (task, node) and computed once.
 The observations are `observe`'s bit for bit (the daemon's decision log compares the first
 one with `observe`; `tests/policy/test_fast_exact.py` compares all of them, on several
 scenarios and node counts), and the shared helpers (`demand_fractions`, `fits_now`,
-`task_context`, `transfer_estimate_s`, `dag_features`, `predicted_use`) are called, not
+`task_context`, `transfer_estimates_s`, `dag_features`, `predicted_use`) are called, not
 copied, so a change there is followed here.
 """
 
@@ -33,7 +33,7 @@ from dagsched.sim.observation import (
     fits_now,
     recommended_request,
     task_context,
-    transfer_estimate_s,
+    transfer_estimates_s,
     unit_anchor,
 )
 from dagsched.sim.view import ClusterView, TaskView
@@ -92,7 +92,7 @@ class BatchObservation:
         speed = np.ascontiguousarray(v.speed[:, types].T)
         slow = np.maximum(1.0, cpu / self.res_c)
         self.compute = dur / speed * slow * v.slowdown
-        self.transfer = np.stack([transfer_estimate_s(v, t) for t in tasks]).reshape(b, n)
+        self.transfer = transfer_estimates_s(v, tasks).reshape(b, n)
         # each row's mean as `ndarray.mean` computes it (the same pairwise sum), in one call
         self.compute_mean = np.add.reduce(self.compute, axis=1) / n
         p_cpu_f, p_mem_f = demand_fractions(v, p_cores, p_mem)  # type: ignore[arg-type]

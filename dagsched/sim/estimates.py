@@ -19,14 +19,23 @@ def transfer_to_all_s(
 ) -> np.ndarray:
     """Estimated seconds to move `nbytes` from node `src` to every node (0 to itself): the
     NICs bound a transfer within a zone, CROSS_ZONE_GBPS one across zones."""
-    same_zone = zone == zone[src]
+    return transfers_s(zone, net_gbps, np.array([src]), np.array([float(nbytes)]))[0]
+
+
+def transfers_s(
+    zone: np.ndarray, net_gbps: np.ndarray, src: np.ndarray, nbytes: np.ndarray
+) -> np.ndarray:
+    """`transfer_to_all_s` for many (`src`, `nbytes`) pairs at once: [P, n]."""
+    same_zone = zone[None, :] == zone[src][:, None]
     gbps = np.where(
         same_zone,
-        np.minimum(net_gbps, net_gbps[src]),
-        np.minimum(CROSS_ZONE_GBPS, net_gbps),
+        np.minimum(net_gbps[None, :], net_gbps[src][:, None]),
+        np.minimum(CROSS_ZONE_GBPS, net_gbps)[None, :],
     )
-    t = nbytes * 8.0 / (gbps * 1e9) + np.where(same_zone, SAME_ZONE_LATENCY_S, CROSS_ZONE_LATENCY_S)
-    t[src] = 0.0
+    t = nbytes[:, None] * 8.0 / (gbps * 1e9) + np.where(
+        same_zone, SAME_ZONE_LATENCY_S, CROSS_ZONE_LATENCY_S
+    )
+    t[np.arange(len(src)), src] = 0.0
     return t
 
 

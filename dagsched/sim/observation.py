@@ -21,12 +21,13 @@ Nothing here is hidden truth: a history comes from measured outcomes only.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from dagsched.sim.estimates import transfer_to_all_s
+from dagsched.sim.estimates import transfers_s
 from dagsched.sim.history import VPA_MARGIN, FamilySummary, predicted_use
 from dagsched.sim.state import CPU_BOUNDS, MEM_BOUNDS
 from dagsched.sim.view import ClusterView, TaskView
@@ -197,12 +198,28 @@ def unit_anchor(cpu_f: np.ndarray, mem_f: np.ndarray) -> np.ndarray:
 
 def transfer_estimate_s(cluster: ClusterView, task: TaskView) -> np.ndarray:
     """Per node: the slowest input transfer from the parents' nodes (0 when co-located)."""
-    wf = task.workflow
-    out = np.zeros(cluster.n)
-    for p, src in zip(wf.parents[task.idx], task.parent_nodes, strict=True):
-        if src >= 0:
-            nbytes = wf.tasks[p].output_bytes
-            out = np.maximum(out, transfer_to_all_s(cluster.zone, cluster.net_gbps, src, nbytes))
+    return transfer_estimates_s(cluster, [task])[0]
+
+
+def transfer_estimates_s(cluster: ClusterView, tasks: Sequence[TaskView]) -> np.ndarray:
+    """`transfer_estimate_s` of each task, [B, n]: every placed parent of the batch in one
+    pass."""
+    owner: list[int] = []
+    src: list[int] = []
+    nbytes: list[float] = []
+    for i, task in enumerate(tasks):
+        wf = task.workflow
+        for p, node in zip(wf.parents[task.idx], task.parent_nodes, strict=True):
+            if node >= 0:
+                owner.append(i)
+                src.append(node)
+                nbytes.append(wf.tasks[p].output_bytes)
+    out = np.zeros((len(tasks), cluster.n))
+    if owner:
+        t = transfers_s(
+            cluster.zone, cluster.net_gbps, np.array(src, dtype=np.int64), np.array(nbytes, float)
+        )
+        np.maximum.at(out, np.array(owner, dtype=np.int64), t)
     return out
 
 

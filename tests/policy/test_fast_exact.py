@@ -6,7 +6,8 @@ initialised model.
 Per task, in order: the fast path's observation equals `observe` on the view with the
 earlier placements taken, bit for bit; the plain forward pass (`place_observations`, torch,
 one task) on that observation picks the same node, the same retries, reservations and unit
-values within 1e-5, the same log-probability within 1e-4 and the same value within 1e-4.
+values within 1e-5, the same log-probability within 1e-3 (torch's float32 rounding
+of its lgammas, `LOGP_TOL`) and the same value within 1e-4.
 A map stage's siblings (one workflow, one state) share one DAG encoding in the fast path and
 still decide as their own forward passes do. Sampling: the log-probability the fast path
 gives its sampled action is the model's `evaluate` of that action.
@@ -38,7 +39,11 @@ from dagsched.sim.view import ClusterView, TaskView, cluster_view, map_stage, ta
 
 CHAMPION = Path(__file__).resolve().parents[2] / "models" / "champion"
 TOL = 1e-5
-LOGP_TOL = 1e-4
+# torch's Beta log-density is float32 sums of lgammas of the concentrations: lgamma(400) is
+# ~2,000, whose float32 ulp is 1.2e-4, and which rounding each of its nine terms takes depends
+# on the CPU's vector unit (seen: 1.1e-4 off on an AVX-512 machine, <1e-5 on another). 1e-3
+# moves a PPO ratio by 0.1%, 200 times inside its clip.
+LOGP_TOL = 1e-3
 
 
 def recorded_batch(
@@ -121,8 +126,6 @@ def assert_fast_equals_plain(sched: GNNScheduler, view: ClusterView, tasks: list
         assert f.max_retries == p.max_retries, i
         assert abs(f.cpu - p.cpu) < TOL and abs(f.mem - p.mem) < TOL, i
         assert np.allclose(units[i], plain.last_units[0], atol=TOL, rtol=0), i
-        # torch's Beta log-density is a float32 difference of lgammas of the concentrations
-        # (~100s for a confident head): its own rounding is ~1e-5
         assert abs(f.log_prob - p.log_prob) < LOGP_TOL, (i, f.log_prob, p.log_prob)
         assert abs(values[i] - plain.last_values[0]) < 1e-4, i
         ref_view.take(t, f.node, f.cpu, f.mem)
@@ -169,7 +172,7 @@ def test_sampled_actions_carry_the_models_log_probability(
             torch.tensor(sched.last_units, dtype=torch.float32),
         )
     got = np.array([p.log_prob for p in placements])
-    assert np.allclose(got, logp.numpy(), atol=1e-4, rtol=0)
+    assert np.allclose(got, logp.numpy(), atol=LOGP_TOL, rtol=0)
     assert all(view.alive[p.node] for p in placements)
     torch.manual_seed(0)
     again = sched.place(view, tasks)  # torch's seed makes the draw repeatable

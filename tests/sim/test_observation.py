@@ -9,9 +9,16 @@ import numpy as np
 import pytest
 
 from dagsched.sim.engine import Simulator
+from dagsched.sim.estimates import transfer_to_all_s, transfers_s
 from dagsched.sim.history import FamilySummary
-from dagsched.sim.observation import CLUSTER_FEATURES, NODE_FEATURES, observe
-from dagsched.sim.runner import generate_workflows
+from dagsched.sim.observation import (
+    CLUSTER_FEATURES,
+    NODE_FEATURES,
+    observe,
+    transfer_estimate_s,
+    transfer_estimates_s,
+)
+from dagsched.sim.runner import generate_workflows, make_policy
 from dagsched.sim.state import CPU_BOUNDS, MEM_BOUNDS
 from dagsched.sim.view import cluster_view, task_view
 from tests.sim.conftest import small_scenario
@@ -108,3 +115,36 @@ def test_only_nodes_that_can_hold_the_recommended_memory_may_be_chosen() -> None
     )
     # without history the declared request: every node holds the small test tasks
     assert observe(cv, tv).mask.all()
+
+
+def test_transfers_are_bounded_by_the_nics_in_a_zone_and_the_backbone_across() -> None:
+    zone = np.array([0, 0, 1])
+    gbps = np.array([10.0, 1.0, 10.0])
+    t = transfers_s(zone, gbps, np.array([0, 2]), np.array([1e9, 5e8]))
+    # from node 0: itself 0; node 1 in its zone at its 1 Gb/s NIC; node 2 across at 5 Gb/s
+    np.testing.assert_allclose(t[0], [0.0, 8.0 + 0.001, 1.6 + 0.05])
+    # from node 2, across: the backbone's 5 Gb/s, or the receiver's NIC where slower
+    np.testing.assert_allclose(t[1], [0.8 + 0.05, 4.0 + 0.05, 0.0])
+    np.testing.assert_array_equal(transfer_to_all_s(zone, gbps, 2, 5e8), t[1])
+
+
+def test_a_batch_of_transfer_estimates_is_each_tasks_slowest_parent() -> None:
+    sc = small_scenario(workflows=20)
+    sim = Simulator(sc, generate_workflows(sc, 3), seed=3)
+    policy = make_policy("least_loaded", 0)
+    tasks = []
+    while len(tasks) < 40 and (b := sim.advance()) is not None:
+        tasks += [task_view(t, sim) for t in b]
+        sim.apply(policy.decide(sim, b), b)
+    cv = cluster_view(sim)
+    with_parents = [t for t in tasks if any(n >= 0 for n in t.parent_nodes)]
+    assert len(with_parents) >= 10 and any(len(t.parent_nodes) >= 2 for t in with_parents)
+    got = transfer_estimates_s(cv, tasks)
+    for i, t in enumerate(tasks):
+        want = np.zeros(cv.n)
+        for p, node in zip(t.workflow.parents[t.idx], t.parent_nodes, strict=True):
+            if node >= 0:
+                nbytes = t.workflow.tasks[p].output_bytes
+                want = np.maximum(want, transfer_to_all_s(cv.zone, cv.net_gbps, node, nbytes))
+        np.testing.assert_array_equal(got[i], want)
+        np.testing.assert_array_equal(transfer_estimate_s(cv, t), want)
