@@ -146,11 +146,15 @@ def smoke_views(n_nodes: int = 8) -> tuple[ClusterView, list[TaskView]]:
 
 
 def smoke_inference(sched: GNNScheduler) -> None:
-    """Place the `smoke_views` tasks in one forward pass; refuse NaNs or out-of-range
-    actions. Needs only the observation types: no simulator, no scenario."""
+    """Place the `smoke_views` tasks in one forward pass, then through the served path
+    (`place`: the numpy mirror and its compiled loops, which numba compiles or loads from its
+    cache here, so that a daemon's first batch does not wait ~0.2-4 s for it); refuse NaNs or
+    out-of-range actions from either. Needs only the observation types: no simulator, no
+    scenario."""
     cluster, tasks = smoke_views()
     try:
         placements = sched.place_observations([observe(cluster, t) for t in tasks])
+        placements += sched.place(cluster, tasks)
     except (ValueError, RuntimeError) as exc:  # e.g. NaN outputs that cannot be rounded
         raise BundleError(f"smoke inference failed: {exc}") from None
     for p in placements:

@@ -12,8 +12,8 @@ concatenation, so that the part of a sum that does not change is computed once:
 - the critic takes (context, mean node embedding).
 
 The DAG encoder (two GATv2 layers with self loops, attention pooling) is PyG's arithmetic
-over one edge list for the batch, sorted by destination: segment softmax with `reduceat`,
-the attention-weighted sums as sparse products (scipy, which scikit-learn brings). Everything
+over one edge list for the batch, sorted by destination: the linear maps in numpy, the edge
+scores, segment softmax and attention-weighted sums compiled (`encoder_kernel`). Everything
 is float32 like the torch model; results agree with it to float rounding, which
 `tests/policy/test_fast_exact.py` checks decision by decision.
 
@@ -24,16 +24,15 @@ instead of serving different numbers.
 
 from __future__ import annotations
 
-import threading
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.sparse import csr_matrix
 from torch import Tensor, nn
 from torch_geometric.nn import AttentionalAggregation, GATv2Conv
 
+from dagsched.policy.encoder_kernel import gat_edges, pool_rows
 from dagsched.policy.model import FINISH, ActorCritic
 from dagsched.policy.normalizer import FeatureNormalizer
 
@@ -87,9 +86,6 @@ class Gat:
     att: np.ndarray  # [heads, C]
     bias: np.ndarray  # [C]
     heads: int
-    # `att` as a block-diagonal [heads x C, heads] matrix: the per-head dot products of the
-    # edge features as one matrix product
-    att_blocks: np.ndarray
 
     @classmethod
     def of(cls, conv: nn.Module) -> Gat:
@@ -108,48 +104,16 @@ class Gat:
             raise Unsupported(f"GATv2 layer not mirrored: {conv!r}")
         att, bias = conv.att, conv.bias
         assert isinstance(att, Tensor) and isinstance(bias, Tensor)
-        a = _a(att)[0]
-        h, c = a.shape
-        blocks = np.zeros((h * c, h), dtype=F32)
-        for k in range(h):
-            blocks[k * c : (k + 1) * c, k] = a[k]
-        return cls(Dense.of(conv.lin_l), Dense.of(conv.lin_r), a, _a(bias), h, blocks)
+        a = np.ascontiguousarray(_a(att)[0])
+        return cls(Dense.of(conv.lin_l), Dense.of(conv.lin_r), a, _a(bias), a.shape[0])
 
-    def __call__(self, x: np.ndarray, graph: Graph, work: Workspace) -> np.ndarray:
+    def __call__(self, x: np.ndarray, graph: Graph) -> np.ndarray:
         t, h = x.shape[0], self.heads
         xl = self.left(x).reshape(t, h, -1)
         xr = self.right(x).reshape(t, h, -1)
-        shape = (graph.src.size, *xl.shape[1:])  # [E, heads, C]
-        # mode "clip": the edge ends are node indices by construction; the default "raise"
-        # gathers into a temporary and copies it into `out` (numpy buffers `out` then),
-        # 3x the time of the gather, the encoder's largest cost on small batches
-        e = np.take(xl, graph.src, axis=0, out=work.get("e", shape), mode="clip")
-        np.add(e, np.take(xr, graph.dst, axis=0, out=work.get("xr", shape), mode="clip"), out=e)
-        np.maximum(e, np.multiply(e, F32(_NEG_SLOPE), out=work.get("xr", shape)), out=e)
-        alpha = graph.softmax(e.reshape(e.shape[0], -1) @ self.att_blocks)  # [E, heads]
-        # per head, the attention-weighted sum of the sources: a sparse [T, T] product
-        per_head = np.ascontiguousarray(xl.transpose(1, 0, 2))
-        out = graph.aggregate(alpha[:, 0], per_head[0])
-        for k in range(1, h):
-            out += graph.aggregate(alpha[:, k], per_head[k])
-        return out / F32(h) + self.bias
-
-
-class Workspace:
-    """Reused scratch arrays for the encoder's per-edge work, one set per thread. Fresh
-    multi-megabyte temporaries are mapped and faulted in anew at every operation (glibc hands
-    them to mmap), which cost more than the arithmetic on this 2-core machine."""
-
-    def __init__(self) -> None:
-        self._local = threading.local()
-
-    def get(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
-        bufs: dict[str, np.ndarray] = self._local.__dict__.setdefault("bufs", {})
-        size = int(np.prod(shape))
-        buf = bufs.get(name)
-        if buf is None or buf.size < size:
-            buf = bufs[name] = np.empty(max(size, 1 << 16), dtype=F32)
-        return buf[:size].reshape(shape)
+        out = np.empty((t, xl.shape[2]), dtype=F32)
+        gat_edges(xl, xr, graph.src, graph.starts, self.att, F32(_NEG_SLOPE), out)
+        return out + self.bias
 
 
 @dataclass(frozen=True)
@@ -160,19 +124,6 @@ class Graph:
     src: np.ndarray
     dst: np.ndarray
     starts: np.ndarray  # [T]
-
-    def aggregate(self, weight: np.ndarray, x: np.ndarray) -> np.ndarray:
-        """Per destination, the sum of `weight` [E] x the source's row of `x` [T, C]."""
-        t = self.starts.size
-        indptr = np.append(self.starts, self.src.size)
-        return csr_matrix((weight, self.src, indptr), shape=(t, t)) @ x
-
-    def softmax(self, score: np.ndarray) -> np.ndarray:
-        """Softmax of edge scores over each destination's in-edges (PyG's, with its 1e-16)."""
-        top = np.maximum.reduceat(score, self.starts, axis=0)
-        ex = np.exp(score - top[self.dst])
-        total = np.add.reduceat(ex, self.starts, axis=0)
-        return ex / (total[self.dst] + F32(1e-16))
 
 
 def batch_graph(parts: Sequence[tuple[int, np.ndarray, np.ndarray]]) -> tuple[Graph, np.ndarray]:
@@ -237,7 +188,6 @@ class NumpyNet:
             raise Unsupported(f"parameters not mirrored: {sorted(names - known)}")
         h = model.cfg.hidden
         self.hidden = h
-        self.work = Workspace()
         self.encodings = Encodings()
         self.dag_in = Dense.of(model.dag_in)
         self.gat1, self.gat2 = Gat.of(model.gat1), Gat.of(model.gat2)
@@ -282,16 +232,16 @@ class NumpyNet:
         [D, H] and every task's embedding [T, H]. `dag_x` raw DAG features [T, F]; `firsts`
         each DAG's first row. (A decision reads its DAG's pooled row and its task's row.)"""
         x = np.tanh(self.dag_in(self.normalize("dag", dag_x)))
-        x = np.tanh(self.gat1(x, graph, self.work)) + x
-        x = np.tanh(self.gat2(x, graph, self.work)) + x
+        x = np.tanh(self.gat1(x, graph)) + x
+        x = np.tanh(self.gat2(x, graph)) + x
         gate = self.gate(x)[:, 0]  # [T]
         sizes = np.diff(np.append(firsts, x.shape[0]))
         owner = np.repeat(np.arange(len(firsts)), sizes)
         top = np.maximum.reduceat(gate, firsts)
         ex = np.exp(gate - top[owner])
         w = ex / (np.add.reduceat(ex, firsts)[owner] + F32(1e-16))
-        rows = np.append(firsts, x.shape[0])
-        pooled = csr_matrix((w, np.arange(x.shape[0]), rows), shape=(firsts.size, x.shape[0])) @ x
+        pooled = np.empty((firsts.size, x.shape[1]), dtype=F32)
+        pool_rows(w, x, firsts, pooled)
         return pooled, x
 
     # -- the heads, split ---------------------------------------------------------------------

@@ -70,6 +70,7 @@ class GNNScheduler:
         self._forward: Callable[..., PolicyOutput] = self.model
         self._net: NumpyNet | None = None
         self._net_key: Any = None
+        self._params: list[torch.nn.Parameter] | None = None
         self._unsupported = False
         self._dags = DagCache()
 
@@ -104,7 +105,9 @@ class GNNScheduler:
         (training steps write the weights in place); None for a structure it does not know."""
         if self._unsupported:
             return None
-        params = tuple((p.data_ptr(), p._version) for p in self.model.parameters())
+        if self._params is None:  # the structure is fixed; the values are what may change
+            self._params = list(self.model.parameters())
+        params = tuple((p.data_ptr(), p._version) for p in self._params)
         stats = tuple(id(self.normalizer.stats(g)[0]) for g in ("nodes", "cluster", "dag"))
         key = (params, stats)
         if self._net is None or key != self._net_key:

@@ -10,7 +10,13 @@ import pytest
 import torch
 
 from dagsched.policy.api import SchedulerPolicy
-from dagsched.policy.bundle import BundleError, load_bundle, save_bundle, verify_checksums
+from dagsched.policy.bundle import (
+    BundleError,
+    load_bundle,
+    save_bundle,
+    smoke_views,
+    verify_checksums,
+)
 from dagsched.policy.model import ActorCritic
 from dagsched.policy.normalizer import FeatureNormalizer
 from dagsched.policy.scheduler import GNNScheduler
@@ -66,6 +72,16 @@ def test_shipped_champion_loads_its_own_trained_weights() -> None:
     for group in ("nodes", "cluster", "dag"):
         for got, want in zip(sched.normalizer.stats(group), norm.stats(group), strict=True):
             np.testing.assert_array_equal(got, want)
+
+
+def test_loading_readies_the_served_path(tmp_path: Path) -> None:
+    """The smoke inference goes through `place` too: the numpy mirror is built (and numba's
+    loops compiled or loaded) before the first real batch, and its placements are checked."""
+    shipped = Path(__file__).resolve().parents[2] / "models" / "champion"
+    sched = load_bundle(shipped, "shipped")
+    assert sched._net is not None
+    assert len(sched.last_observations) == len(smoke_views()[1])
+    assert load_bundle(shipped, "lazy", smoke=False)._net is None
 
 
 def test_smoke_inference_refuses_nan_weights(
