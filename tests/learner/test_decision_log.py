@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
+from dagsched.daemon import batch_log
 from dagsched.daemon.batch_log import PolicyCall, snapshot
 from dagsched.learner.decision_log import (
     batch_observations,
@@ -29,7 +31,7 @@ from dagsched.schemas.messages import (
 )
 from dagsched.sim.config import RewardWeights, ScenarioConfig
 from dagsched.sim.engine import Simulator
-from dagsched.sim.observation import Observation
+from dagsched.sim.observation import Observation, observe
 from dagsched.sim.runner import make_policy, stream_workflows
 from dagsched.sim.view import ClusterView, TaskView, cluster_view, task_view
 from dagsched.sim.wire import to_message, to_workflow
@@ -150,3 +152,31 @@ def test_the_learner_joins_a_batch_and_trains_on_the_replayed_observation(champi
     assert same(j.observation, seen[k])
     # one record yields one logged decision per new task, in order
     assert [d.key for d in logged(msg)] == [(f"{t.workflow.id}/{t.idx}", t.attempt) for t in tvs]
+
+
+def test_a_version_whose_snapshot_does_not_replay_logs_nothing_more() -> None:
+    view, tvs = decision_point(3)
+    right = [observe(view, tv) for tv in tvs]
+    wrong = SimpleNamespace(last_observations=[right[1], *right[1:]])  # not task 0's
+    assert snapshot(SimpleNamespace(last_observations=right), view, tvs, "v7") is not None
+    assert snapshot(wrong, view, tvs, "v8") is None
+    # the version stays off even for calls that would replay; another version logs
+    assert snapshot(SimpleNamespace(last_observations=right), view, tvs, "v8") is None
+    assert snapshot(SimpleNamespace(last_observations=right), view, tvs, "v9") is not None
+
+
+def test_the_replay_check_samples_a_versions_calls_after_its_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    view, tvs = decision_point(2)
+    right = SimpleNamespace(last_observations=[observe(view, tv) for tv in tvs])
+    checked = []
+
+    def counted(v: ClusterView, tv: TaskView) -> Observation:
+        checked.append(tv)
+        return observe(v, tv)
+
+    monkeypatch.setattr(batch_log, "observe", counted)
+    calls = batch_log.FULL_CHECKS + 3 * batch_log.SAMPLE_EVERY
+    assert all(snapshot(right, view, tvs, "v-sampled") is not None for _ in range(calls))
+    assert len(checked) == batch_log.FULL_CHECKS + 3
