@@ -89,18 +89,24 @@ def decode_view(text: str) -> ClusterView:
 # -- the task view ----------------------------------------------------------------------------
 
 
-def task_view_record(tv: TaskView) -> dict[str, Any]:
-    """`tv` without its workflow, as JSON-able values (bool arrays as their true indices)."""
+def task_view_record(tv: TaskView, memo: dict[int, Any] | None = None) -> dict[str, Any]:
+    """`tv` without its workflow, as JSON-able values. Bool arrays (where the workflow
+    stands) as a bitmap: hex of `np.packbits`, so a task of a 2,000-task map stage logs ~500
+    characters, not its 2,000 siblings' indices. `memo`: encodings already made, by array id,
+    for arrays a caller shares between tasks (the daemon's done and active masks are one
+    array per workflow and round); the caller keeps those arrays alive while it is used."""
     out: dict[str, Any] = {}
     for f in fields(TaskView):
         if f.name in _TASK_FIXED:
             continue
         x = getattr(tv, f.name)
         if isinstance(x, np.ndarray):
-            if x.dtype == bool:
-                out[f.name] = {"true_at": np.flatnonzero(x).tolist(), "n": int(x.size)}
-            else:
-                out[f.name] = {"values": x.tolist(), "dtype": x.dtype.str}
+            hit = memo.get(id(x)) if memo is not None else None
+            if hit is None:
+                hit = _array_record(x)
+                if memo is not None:
+                    memo[id(x)] = hit
+            out[f.name] = hit
         elif isinstance(x, np.generic):
             out[f.name] = x.item()
         elif isinstance(x, FamilySummary):  # compact: its values in field order
@@ -108,6 +114,25 @@ def task_view_record(tv: TaskView) -> dict[str, Any]:
         else:
             out[f.name] = x
     return out
+
+
+def _array_record(x: np.ndarray) -> dict[str, Any]:
+    if x.dtype == bool:
+        return {"bits": np.packbits(x).tobytes().hex(), "n": int(x.size)}
+    return {"values": x.tolist(), "dtype": x.dtype.str}
+
+
+def _bool_array(rec: dict[str, Any]) -> np.ndarray:
+    """A bool array from its record: "bits" (now) or "true_at" (logs written before)."""
+    n = int(rec["n"])
+    if "bits" in rec:
+        bits = np.unpackbits(np.frombuffer(bytes.fromhex(rec["bits"]), dtype=np.uint8))
+        if bits.size < n or bits.size > n + 7:
+            raise ValueError(f"{bits.size} bits for {n} entries")
+        return bits[:n].astype(bool)
+    a = np.zeros(n, dtype=bool)
+    a[np.asarray(rec["true_at"], dtype=np.int64)] = True
+    return a
 
 
 def task_view_from(rec: LoggedTaskMsg, wf: Workflow) -> TaskView:
@@ -118,10 +143,8 @@ def task_view_from(rec: LoggedTaskMsg, wf: Workflow) -> TaskView:
             if f.name in _TASK_FIXED:
                 continue
             x = rec.view[f.name]
-            if isinstance(x, dict) and "true_at" in x:
-                a = np.zeros(int(x["n"]), dtype=bool)
-                a[np.asarray(x["true_at"], dtype=np.int64)] = True
-                kw[f.name] = a
+            if isinstance(x, dict) and ("bits" in x or "true_at" in x):
+                kw[f.name] = _bool_array(x)
             elif isinstance(x, dict) and "values" in x:
                 kw[f.name] = np.asarray(x["values"], dtype=np.dtype(x["dtype"]))
             elif isinstance(x, dict) and "family_summary" in x:

@@ -3,6 +3,7 @@ logged view per policy call and a small record per task; the learner trains from
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -13,10 +14,13 @@ import pytest
 from dagsched.daemon import batch_log
 from dagsched.daemon.batch_log import PolicyCall, snapshot
 from dagsched.learner.decision_log import (
+    DecisionLogError,
     batch_observations,
     decode_view,
     encode_view,
     logged,
+    task_view_from,
+    task_view_record,
 )
 from dagsched.learner.joining import OutcomeJoiner
 from dagsched.policy.bundle import load_bundle
@@ -24,6 +28,7 @@ from dagsched.policy.scheduler import GNNScheduler
 from dagsched.schemas.messages import (
     DecisionBatchMsg,
     DecisionMsg,
+    LoggedTaskMsg,
     TaskFinishedMsg,
     TaskReadyMsg,
     TaskStartedMsg,
@@ -35,7 +40,7 @@ from dagsched.sim.observation import Observation, observe
 from dagsched.sim.runner import make_policy, stream_workflows
 from dagsched.sim.view import ClusterView, TaskView, cluster_view, task_view
 from dagsched.sim.wire import to_message, to_workflow
-from dagsched.sim.workflow import Workflow
+from dagsched.sim.workflow import TaskSpec, TaskType, Workflow
 
 CHAMPION = Path(__file__).resolve().parents[2] / "models" / "champion"
 
@@ -180,3 +185,51 @@ def test_the_replay_check_samples_a_versions_calls_after_its_first(
     calls = batch_log.FULL_CHECKS + 3 * batch_log.SAMPLE_EVERY
     assert all(snapshot(right, view, tvs, "v-sampled") is not None for _ in range(calls))
     assert len(checked) == batch_log.FULL_CHECKS + 3
+
+
+def _logged(tv: TaskView, view: dict) -> LoggedTaskMsg:
+    return LoggedTaskMsg(
+        workflow_id=tv.workflow.id,
+        task=tv.idx,
+        attempt=tv.attempt,
+        new=True,
+        node_index=0,
+        cpu=0.5,
+        mem=0.5,
+        log_prob=0.0,
+        view=view,
+    )
+
+
+def test_where_a_workflow_stands_is_logged_as_a_bitmap_and_old_index_lists_still_read() -> None:
+    _, tvs = decision_point(4)
+    for tv in tvs:
+        rec = task_view_record(tv)
+        assert set(rec["done"]) == {"bits", "n"}
+        back = task_view_from(_logged(tv, rec), tv.workflow)
+        np.testing.assert_array_equal(back.done, tv.done)
+        np.testing.assert_array_equal(back.active, tv.active)
+        old = dict(rec)  # as logs written before the bitmaps
+        for name in ("done", "active"):
+            old[name] = {"true_at": np.flatnonzero(getattr(tv, name)).tolist(), "n": tv.done.size}
+        back = task_view_from(_logged(tv, old), tv.workflow)
+        np.testing.assert_array_equal(back.active, tv.active)
+    bad = dict(task_view_record(tvs[0]), done={"bits": "ff" * 64, "n": 3})
+    with pytest.raises(DecisionLogError, match="bits"):
+        task_view_from(_logged(tvs[0], bad), tvs[0].workflow)
+
+
+def test_a_map_stage_logs_its_masks_once_per_call_and_compactly() -> None:
+    wf = Workflow.build(
+        "stage",
+        [TaskSpec(f"m{i}", TaskType.CPU, 10, 1, 1) for i in range(2_000)],
+        [],
+        deadline_s=1e6,
+    )
+    done = np.zeros(wf.size, dtype=bool)
+    active = np.ones(wf.size, dtype=bool)  # shared by the siblings, as the daemon's masks
+    tvs = [TaskView(wf, i, 0, done, active, [], -1, 100.0) for i in range(50)]
+    memo: dict[int, object] = {}
+    recs = [task_view_record(tv, memo) for tv in tvs]
+    assert all(r["active"] is recs[0]["active"] for r in recs)  # encoded once
+    assert len(json.dumps(recs[0])) < 1_200  # 2,000 flags in ~500 hex characters
