@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
-import gc
 import os
 import pstats
 import sys
@@ -28,6 +27,7 @@ import time
 from collections import defaultdict
 from typing import Any
 
+from harness.gc_pauses import GcPauses
 from harness.in_process import champion_daemon, prepare
 from harness.kafka_io import producer, publish, workload
 from harness.stack import local_stack
@@ -112,20 +112,12 @@ async def run(args: argparse.Namespace) -> None:
             steps.wrap(d.consumer, "commit", "commit")
         while d.stats["decisions"] < 500:
             await asyncio.sleep(0.01)
-        pauses: list[tuple[int, float]] = []
-        began = [0.0]
-
-        def on_gc(phase: str, info: dict[str, Any]) -> None:
-            if phase == "start":
-                began[0] = time.perf_counter()
-            else:
-                pauses.append((info["generation"], time.perf_counter() - began[0]))
-
+        pauses = GcPauses()
         prof = None
         if args.profile:
             prof = cProfile.Profile() if args.wall else cProfile.Profile(time.process_time)
         steps.reset()
-        gc.callbacks.append(on_gc)
+        pauses.__enter__()
         others0 = children_cpu()
         n0, t0, c0 = d.stats["decisions"], time.perf_counter(), time.process_time()
         if prof is not None:
@@ -135,7 +127,7 @@ async def run(args: argparse.Namespace) -> None:
         if prof is not None:
             prof.disable()
         wall, cpu, n = time.perf_counter() - t0, time.process_time() - c0, d.stats["decisions"] - n0
-        gc.callbacks.remove(on_gc)
+        pauses.__exit__()
         others = {k: v - others0.get(k, 0.0) for k, v in children_cpu().items()}
         d.stop()
         await task
@@ -146,12 +138,7 @@ async def run(args: argparse.Namespace) -> None:
         + ", ".join(f"{k} {v:.2f}" for k, v in others.items())
     )
     steps.show()
-    for g in (0, 1, 2):
-        ts = [t for gen, t in pauses if gen == g]
-        if ts:
-            print(
-                f"  gc gen{g}: {len(ts)} runs, {sum(ts) * 1000:.1f} ms, max {max(ts) * 1000:.2f} ms"
-            )
+    pauses.show()
     if prof is not None:
         prof.dump_stats(args.profile)
         stats = pstats.Stats(args.profile)

@@ -4,7 +4,8 @@ tasks offered at a steady rate, every event-loop callback and garbage collection
 Sets up what `bench/daemon_profile.py` does (the embedded broker, a private `redis-server`,
 the default 32 nodes, the shipped champion or `--heuristic`), publishes the workflows, then
 offers their ready tasks at `--rate` per second for `--seconds` (confluent-kafka, as the
-throughput bench's paced producer) while a reader takes the decisions. It prints the
+throughput bench's paced producer; half a second of them first, not measured, while the
+reader starts) while a reader takes the decisions. It prints the
 submit-to-decision p50 / p99 / max, the callbacks of the event loop that held it longer than
 `--slow-ms` (by coroutine, count, total and longest: a callback that long delays every task
 waiting behind it) and the garbage collections by generation.
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import os
 import re
 import statistics
@@ -25,6 +25,7 @@ import time
 from collections import defaultdict
 from typing import Any
 
+from harness.gc_pauses import GcPauses
 from harness.in_process import champion_daemon, prepare
 from harness.kafka_io import Reader, pace, producer, publish, workload
 from harness.stack import local_stack
@@ -75,7 +76,8 @@ async def run(args: argparse.Namespace) -> None:
         s = st.settings
         rds = await prepare(s)
         n = int(args.rate * args.seconds)
-        wfs, ready = workload(n, "s", seed=2)
+        warm = int(args.rate * 0.5)  # half a second first, unmeasured: the reader's start-up
+        wfs, ready = workload(warm + n, "s", seed=2)
         p = producer(s)
         await asyncio.to_thread(publish, p, s.topic("tasks"), wfs)
         set_torch_threads(s)
@@ -84,21 +86,15 @@ async def run(args: argparse.Namespace) -> None:
         while d.stats["committed"] < len(wfs):  # assigned, and the workflows stored
             await asyncio.sleep(0.05)
         reader = Reader(s)
-        pauses: list[tuple[int, float]] = []
-        began = [0.0]
-
-        def on_gc(phase: str, info: dict[str, Any]) -> None:
-            if phase == "start":
-                began[0] = time.perf_counter()
-            else:
-                pauses.append((info["generation"], time.perf_counter() - began[0]))
-
-        gc.callbacks.append(on_gc)
-        with CallbackTimer(args.slow_ms / 1000) as timer:
-            sent = await asyncio.to_thread(pace, p, s.topic("tasks"), ready[:n], args.rate)
-            while len(reader.arrived) < len(sent) and not task.done():
+        warmed = await asyncio.to_thread(pace, p, s.topic("tasks"), ready[:warm], args.rate)
+        while len(reader.arrived) < len(warmed) and not task.done():
+            await asyncio.sleep(0.05)
+        with GcPauses() as pauses, CallbackTimer(args.slow_ms / 1000) as timer:
+            sent = await asyncio.to_thread(
+                pace, p, s.topic("tasks"), ready[warm : warm + n], args.rate
+            )
+            while len(reader.arrived) < len(warmed) + len(sent) and not task.done():
                 await asyncio.sleep(0.05)
-        gc.callbacks.remove(on_gc)
         reader.close()
         d.stop()
         await task
@@ -113,10 +109,7 @@ async def run(args: argparse.Namespace) -> None:
     print(f"callbacks over {args.slow_ms:g} ms:")
     for what, ts in sorted(timer.slow.items(), key=lambda kv: -sum(kv[1])):
         print(f"  {what:48s} {len(ts):6d} x  {sum(ts) * 1000:8.1f} ms  max {max(ts) * 1000:6.1f}")
-    for g in (0, 1, 2):
-        ts = [t for gen, t in pauses if gen == g]
-        if ts:
-            print(f"  gc gen{g}: {len(ts)} runs, {sum(ts) * 1000:.1f} ms, max {max(ts) * 1000:.2f}")
+    pauses.show()
 
 
 def main() -> None:
