@@ -22,13 +22,12 @@ import asyncio
 import cProfile
 import os
 import pstats
-import sys
 import time
 from collections import defaultdict
 from typing import Any
 
 from harness.gc_pauses import GcPauses
-from harness.in_process import champion_daemon, prepare
+from harness.in_process import champion_daemon, prepare, run_bench
 from harness.kafka_io import producer, publish, workload
 from harness.stack import local_stack
 from harness.throughput_report import cpu_seconds
@@ -153,13 +152,7 @@ def main() -> None:
     ap.add_argument("--steps", action="store_true", help="time each step of a batch")
     ap.add_argument("--profile", default=None, help="cProfile output file")
     ap.add_argument("--wall", action="store_true", help="profile wall time, not CPU time")
-    args = ap.parse_args()
-    os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"
-    from dagsched.logging import configure_logging
-
-    configure_logging("WARNING", json=False)
-    asyncio.run(run(args))
-    sys.stdout.flush()
+    run_bench(run, ap.parse_args())
 
 
 if __name__ == "__main__":

@@ -17,16 +17,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import re
 import statistics
-import sys
 import time
 from collections import defaultdict
 from typing import Any
 
 from harness.gc_pauses import GcPauses
-from harness.in_process import champion_daemon, prepare
+from harness.in_process import champion_daemon, prepare, run_bench
 from harness.kafka_io import Reader, pace, producer, publish, workload
 from harness.stack import local_stack
 
@@ -118,13 +116,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=8.0)
     ap.add_argument("--heuristic", action="store_true", help="serve the heuristic, no model")
     ap.add_argument("--slow-ms", type=float, default=5.0, help="report callbacks over this")
-    args = ap.parse_args()
-    os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"
-    from dagsched.logging import configure_logging
-
-    configure_logging("WARNING", json=False)
-    asyncio.run(run(args))
-    sys.stdout.flush()
+    run_bench(run, ap.parse_args())
 
 
 if __name__ == "__main__":

@@ -3,6 +3,10 @@ the topics and the default cluster prepared, and a `Daemon` serving the shipped 
 
 from __future__ import annotations
 
+import asyncio
+import os
+import sys
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from dagsched.settings import Settings
@@ -38,3 +42,14 @@ def champion_daemon(s: Settings) -> Any:
         loader=lambda _s, arm: ("v1", champion) if arm == "champion" else None,
         version_of=lambda _s, arm: "v1" if arm == "champion" else None,
     )
+
+
+def run_bench(main: Callable[[Any], Coroutine[Any, Any, None]], args: Any) -> None:
+    """An in-process bench's entry: MLflow's telemetry off, warnings-only logs, `main(args)`
+    run to completion, stdout flushed."""
+    os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"
+    from dagsched.logging import configure_logging
+
+    configure_logging("WARNING", json=False)
+    asyncio.run(main(args))
+    sys.stdout.flush()
