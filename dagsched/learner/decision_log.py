@@ -13,7 +13,8 @@ task record per decision at 32 nodes and a batch of 64, instead of ~10,000.
 
 Both views are encoded field by field from their dataclasses, so a field added to either is
 logged without a change here; `tests/learner/test_decision_log.py` checks the replay against
-what the scheduler itself observed, and the daemon compares the first task of every call.
+what the scheduler itself observed, and the daemon compares the first task of a call (every
+call of a version's first few, then a sample: `daemon.batch_log.snapshot`).
 
 Here, in `learner`, because the daemon (writer), the learner and `dagsched explain`
 (readers) all may import it, and it needs the observation code of `policy`.
