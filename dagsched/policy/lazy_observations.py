@@ -22,8 +22,35 @@ from dagsched.sim.observation import Observation
 
 
 class LazyObservations(Sequence[Observation]):
-    """The observations of `obs`'s tasks, placed as `placements` say. `obs.view` must be the
-    batch's snapshot (nothing taken yet); this object takes the placements on it."""
+    """The observations of a batch placed in one or more compiled calls: per call its
+    `BatchObservation` (whose `view` must be that call's snapshot, nothing taken yet: this
+    object takes the placements on it) and its placements, in order."""
+
+    def __init__(self, *calls: tuple[BatchObservation, Sequence[Placement]]) -> None:
+        self._calls = [_Call(obs, placements) for obs, placements in calls]
+        self._where = [(c, k) for c in self._calls for k in range(len(c))]
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    @overload
+    def __getitem__(self, i: int) -> Observation: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[Observation]: ...
+
+    def __getitem__(self, i: int | slice) -> Observation | list[Observation]:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        call, k = self._where[range(len(self))[i]]  # IndexError and negative indices as a list's
+        return call.get(k)
+
+    def __iter__(self) -> Iterator[Observation]:
+        return (self[k] for k in range(len(self)))
+
+
+class _Call:
+    """One compiled call's observations, built when read."""
 
     def __init__(self, obs: BatchObservation, placements: Sequence[Placement]) -> None:
         self._obs = obs
@@ -38,23 +65,11 @@ class LazyObservations(Sequence[Observation]):
     def __len__(self) -> int:
         return len(self._placements)
 
-    @overload
-    def __getitem__(self, i: int) -> Observation: ...
-
-    @overload
-    def __getitem__(self, i: slice) -> list[Observation]: ...
-
-    def __getitem__(self, i: int | slice) -> Observation | list[Observation]:
-        if isinstance(i, slice):
-            return [self[k] for k in range(*i.indices(len(self)))]
-        k = range(len(self))[i]  # IndexError and negative indices as a list's
+    def get(self, k: int) -> Observation:
         hit = self._built[k]
         if hit is None:
             hit = self._built[k] = self._build(k)
         return hit
-
-    def __iter__(self) -> Iterator[Observation]:
-        return (self[k] for k in range(len(self)))
 
     def _build(self, k: int) -> Observation:
         obs = self._obs

@@ -2,9 +2,10 @@
 observations it leaves to be built when read (`LazyObservations`).
 
 `test_fast_exact.py` holds both paths to the plain forward pass; here: the compiled loop
-decides as the numpy loop does, task by task; the lazy observations are `observe`'s, read
-in any order; the kernel's tanh stays within its stated error; its copies of shared
-constants match their sources.
+decides as the numpy loop does, task by task, whether the batch is one compiled call or
+several (`fast_place.CALL_TASKS`: each call starts from the view the calls before it left);
+the lazy observations are `observe`'s, read in any order, across calls; the kernel's tanh
+stays within its stated error; its copies of shared constants match their sources.
 """
 
 from __future__ import annotations
@@ -37,6 +38,14 @@ def batch() -> tuple[ClusterView, list[TaskView]]:
     return recorded_batch(32, 3, 150, faults=True, dead=3)
 
 
+@pytest.fixture(params=[None, 7], ids=["one call", "calls of 7"])
+def calls(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> int | None:
+    """The batch (48 tasks) placed in one compiled call, or in calls of 7 tasks."""
+    if request.param is not None:
+        monkeypatch.setattr(fast_place, "CALL_TASKS", request.param)
+    return request.param
+
+
 def _numpy_loop(
     sched: GNNScheduler, view: ClusterView, tasks: list[TaskView], monkeypatch: pytest.MonkeyPatch
 ) -> tuple[list, list[Observation], list[list[float]], list[float]]:
@@ -57,6 +66,7 @@ def test_the_compiled_loop_decides_as_the_numpy_loop(
     champion: GNNScheduler,
     batch: tuple[ClusterView, list[TaskView]],
     monkeypatch: pytest.MonkeyPatch,
+    calls: int | None,
 ) -> None:
     view, tasks = batch
     ref, _, ref_units, ref_values = _numpy_loop(champion, view, tasks, monkeypatch)
@@ -65,7 +75,7 @@ def test_the_compiled_loop_decides_as_the_numpy_loop(
 
 
 def test_lazy_observations_are_observes_in_any_order(
-    champion: GNNScheduler, batch: tuple[ClusterView, list[TaskView]]
+    champion: GNNScheduler, batch: tuple[ClusterView, list[TaskView]], calls: int | None
 ) -> None:
     view, tasks = batch
     free = view.free_cores.copy()
