@@ -20,13 +20,10 @@ an attempt measurably used (core-seconds, peak memory, compute seconds) is recor
 `history` and in the attempt log, as a node agent would report it. Completed outputs are
 assumed durable: a node failure loses running attempts, not finished outputs.
 
-A drift (`ScenarioConfig.drift`, or `drift()` at any time) makes some nodes slower than their
-advertised speed and raises their failure rates. Policies are not told: `cluster.speed` keeps
-the advertised figures, only `cluster.slowdown` (which policies must not read) changes.
-
-A shift (`ScenarioConfig.shift`, or `shift()` at any time) switches on the shifted world's
-effects (`sim.shift`): a long restart after an OOM kill, wider memory peaks, noisy
-neighbours. Policies are not told either; only outcomes show it.
+Failures, node crashes and repairs, the drift and the shift (`drift()`, `shift()`) are played
+by `sim.faults`; an attempt's accounting (the attempt log `AttemptRecord`, its reward, the
+completion term) by `sim.attempts`. Both are base classes of `Simulator`: this module holds
+the run itself (events, arrivals, placement, starts, queues, finishes).
 """
 
 from __future__ import annotations
@@ -36,15 +33,18 @@ import heapq
 import itertools
 import random
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
+from dagsched.sim.attempts import AttemptRecord, OutcomeHook  # AttemptRecord: re-exported
 from dagsched.sim.cluster import SLOWDOWN_WEIGHT, Cluster
-from dagsched.sim.config import DriftConfig, ScenarioConfig, ShiftConfig
+from dagsched.sim.config import ScenarioConfig, ShiftConfig
+from dagsched.sim.events import ARRIVAL, DRIFT, FAIL, FINISH, NODE_DOWN, NODE_UP, SHIFT
+from dagsched.sim.faults import FaultHandling
 from dagsched.sim.history import History, measured_ratios
 from dagsched.sim.metrics import Metrics
-from dagsched.sim.reward import TaskOutcome, decision_reward, dominant_core_s, jain_with
+from dagsched.sim.reward import jain_with
 from dagsched.sim.shift import shifted_start
 from dagsched.sim.state import (
     CPU_BOUNDS,
@@ -61,36 +61,12 @@ from dagsched.sim.truth import HiddenTruth
 from dagsched.sim.usage import UsageMeter
 from dagsched.sim.workflow import Workflow
 
-ARRIVAL, FINISH, FAIL, NODE_DOWN, NODE_UP, DRIFT, SHIFT = range(7)
-
 # Module-level aliases: a global lookup is several times cheaper than an enum class attribute.
 _WAITING, _READY, _QUEUED, _RUNNING, _DONE, _CANCELLED = TaskState
 _OOM, _TRANSIENT = FailureKind.OOM, FailureKind.TRANSIENT
 _CPU_LO, _CPU_HI = CPU_BOUNDS
 _MEM_LO, _MEM_HI = MEM_BOUNDS
 _RETRY_LO, _RETRY_HI = RETRY_BOUNDS
-
-# (task, outcome, reward): called once per decided attempt, when it ends
-OutcomeHook = Callable[[TaskRun, TaskOutcome, float], None]
-
-
-class AttemptRecord(NamedTuple):
-    """One ended attempt, with what was measured of it (the simulator's attempt log)."""
-
-    wf_id: str
-    idx: int
-    attempt: int
-    node: int
-    start_s: float
-    compute_start_s: float
-    end_s: float
-    outcome: str  # done, oom, transient, node_down, cancelled
-    res_cores: float
-    res_mem: float
-    cpu_core_s: float  # measured: cores used x compute seconds
-    peak_mem_gb: float  # measured: peak memory (the limit, after an OOM kill)
-    runtime_s: float  # measured: compute seconds
-    transfer_s: float  # measured: seconds waiting for inputs
 
 
 class PolicyError(RuntimeError):
@@ -104,7 +80,7 @@ def _clamp(x: int, lo: int, hi: int) -> int:
     return lo if x < lo else hi if x > hi else x
 
 
-class Simulator:
+class Simulator(FaultHandling):
     """Plays workflows on a cluster. Drive it with `run(policy)` or `advance()`/`apply()`."""
 
     def __init__(
@@ -346,38 +322,8 @@ class Simulator:
             c.queue_len[node] += 1
             c.queued_core_s[node] += self._est_core_s(t)
 
-    # -- the completion term --------------------------------------------------------------------
-
-    def _credit(self, t: TaskRun) -> None:
-        """A decision now. The decisions of one instant share, equally, the time workflows
-        spent in the system since the previous instant with decisions, plus the charges of
-        workflows that failed meanwhile; equal shares make it independent of the order the
-        batch is placed in, so the online learner can rebuild it from events. (A task
-        requeued before it started keeps its earlier decision's share: they add up.)"""
-        if self.now != self._instant_s:
-            self._settle()
-            self._instant_s = self.now
-            now_wf_s = self.metrics.wf_seconds(self.now)
-            self._pool = now_wf_s - self._credited_wf_s + self._charged_wf_s
-            self._credited_wf_s, self._charged_wf_s = now_wf_s, 0.0
-        self._instant.append(t)
-
-    def _settle(self) -> None:
-        """Hand the current instant's pool to its decisions."""
-        if self._instant:
-            share = self._pool / len(self._instant)
-            for t in self._instant:
-                t.credit += share
-            self._instant, self._pool = [], 0.0
-
     def _est_core_s(self, t: TaskRun) -> float:
         return t.res_cores * t.spec.duration_s / self.cluster.speed_rows[t.node][t.spec.type]
-
-    def _hold(self, t: TaskRun, sign: float) -> None:
-        """Count an attempt's reservation and real use in (sign 1) or out (sign -1)."""
-        use_c = t.use_cores if t.use_cores < t.res_cores else t.res_cores
-        use_m = 0.5 * (t.peak_mem if t.peak_mem < t.res_mem else t.res_mem)  # mean of a ramp
-        self.usage.hold(t.node, t.res_cores, t.res_mem, use_c, use_m, sign, self.now)
 
     def _start(self, t: TaskRun) -> None:
         c, node, now, spec = self.cluster, t.node, self.now, t.spec
@@ -442,75 +388,7 @@ class Simulator:
             q.clear()
             q.extend(waiting)
 
-    # -- endings ------------------------------------------------------------------------------
-
-    def _end_attempt(self, t: TaskRun, outcome: str) -> tuple[float, float, float]:
-        """Release the reservation and account its cost and use; the attempt ends now.
-        Returns what was measured: (core-seconds used, peak memory GB, compute seconds)."""
-        c, node, now = self.cluster, t.node, self.now
-        c.release(node, t.res_cores, t.res_mem)
-        self._hold(t, -1.0)
-        c.running[node].discard(t)
-        t.token += 1
-        t.end_s = now
-        held = now - t.start_s
-        computed = now - t.compute_start_s
-        if computed < 0.0:
-            computed = 0.0
-        used_cores = t.res_cores if t.res_cores < t.use_cores else t.use_cores
-        used = used_cores * computed
-        # memory grows linearly to its peak over the whole compute; an OOM kill at the limit
-        peak = t.peak_mem if t.peak_mem < t.res_mem else t.res_mem
-        if outcome == "oom":
-            peak = t.res_mem
-        elif outcome != "done" and 0 < computed < t.compute_s:
-            peak *= computed / t.compute_s
-        self.metrics.attempt_ended(node, t.res_cores * held, used)
-        if self.log is not None:
-            self.log.append(
-                AttemptRecord(
-                    t.run.wf.id,
-                    t.idx,
-                    t.attempt,
-                    node,
-                    t.start_s,
-                    t.compute_start_s,
-                    now,
-                    outcome,
-                    t.res_cores,
-                    t.res_mem,
-                    used,
-                    peak,
-                    computed,
-                    t.transfer_s,
-                )
-            )
-        return used, peak, computed
-
-    def _outcome(self, t: TaskRun, failed: bool) -> None:
-        """The attempt's reward, emitted to `on_outcome`."""
-        if self._instant:
-            self._settle()
-        run, c, node, now = t.run, self.cluster, t.node, self.now
-        late = 0.0 if failed else max(0.0, now - run.sub_deadline_s(t.idx))
-        cores, spec = c.cores_list[node], t.spec
-        o = TaskOutcome(
-            lateness=late / run.wf.deadline_s,
-            failed=failed,
-            reserved_core_s=dominant_core_s(t.cpu, t.mem, cores, now - t.start_s),
-            ideal_core_s=dominant_core_s(
-                spec.cpu_cores / cores, spec.mem_gb / c.mem_list[node], cores, spec.duration_s
-            ),
-            jain_at_decision=t.decided_jain,
-            migrated=t.prev_node >= 0 and t.prev_node != node,
-            transfer_s=t.transfer_s,
-            compute_s=now - t.compute_start_s if now > t.compute_start_s else 0.0,
-        )
-        o.completion_wf_s, t.credit = t.credit, 0.0
-        r = decision_reward(o, self.weights)
-        self.metrics.total_reward += r
-        if self.on_outcome is not None:
-            self.on_outcome(t, o, r)
+    # -- finishes (failures are in sim.faults) ------------------------------------------------
 
     def _finish(self, t: TaskRun) -> None:
         # the node's measured slowdown moves towards this task's observed / advertised time
@@ -548,119 +426,3 @@ class Simulator:
             self.usage.mark_warm(self.now)
             run.tasks = []  # break the run <-> task cycle: freed now, not at the next full GC
         self._drain(t.node)
-
-    def _fail(self, t: TaskRun, why: FailureKind) -> None:
-        self._outcome(t, failed=True)
-        self._end_attempt(t, why.name.lower())
-        node = t.node
-        self.metrics.task_failures += 1
-        if why == FailureKind.OOM:
-            self.metrics.oom_kills += 1
-            self.history.oom(t.spec.family, t.res_mem / t.spec.mem_gb, self.now)
-        self.cluster.record_failure(node, self.now)
-        t.after_oom = why == FailureKind.OOM
-        t.failures += 1
-        if t.failures > t.max_retries:
-            t.state = _CANCELLED
-            self._fail_workflow(t.run)
-        else:
-            t.prev_node = node
-            t.attempt += 1
-            self._make_ready(t)
-        self._drain(node)
-
-    def _fail_workflow(self, run: WorkflowRun) -> None:
-        """Out of retries: cancel everything of the workflow that is still going."""
-        c = self.cluster
-        run.failed = True
-        del self.active[run.wf.id]
-        self.usage.mark_warm(self.now)
-        self.metrics.workflow_failed(self.now)
-        # a failed workflow counts as in the system until its deadline: giving up never pays
-        self._charged_wf_s += max(0.0, run.wf.arrival_s + run.wf.deadline_s - self.now)
-        touched: set[int] = set()
-        for t in run.tasks:
-            if t.state == _RUNNING:
-                self._outcome(t, failed=True)  # its remaining tasks are not free
-                self._end_attempt(t, "cancelled")
-                touched.add(t.node)
-            elif t.state == _QUEUED:
-                c.queues[t.node].remove(t)
-                c.queue_len[t.node] -= 1
-                c.queued_core_s[t.node] -= self._est_core_s(t)
-                t.start_s = t.compute_start_s = self.now  # it held nothing
-                t.transfer_s = 0.0
-                self._outcome(t, failed=True)
-            if t.state != _DONE:
-                t.state = _CANCELLED
-        run.tasks = []  # break the run <-> task cycle: freed now, not at the next full GC
-        for node in sorted(touched):
-            self._drain(node)
-
-    # -- node faults --------------------------------------------------------------------------
-
-    def _node_down(self, node: int) -> None:
-        c = self.cluster
-        if not c.alive[node]:
-            return
-        c.set_alive(node, False)
-        self.metrics.node_failures += 1
-        self.metrics.node_up_s += self.now - self._up_since[node]
-        for t in sorted(c.running[node], key=lambda t: (t.run.wf.id, t.idx)):
-            if t.state == _RUNNING:
-                self._fail(t, FailureKind.NODE_DOWN)
-        q = c.queues[node]
-        while q:  # queued work moves elsewhere: it never started here
-            t = q.popleft()
-            t.prev_node = node
-            self._make_ready(t)
-        c.queue_len[node] = 0
-        c.queued_core_s[node] = 0.0
-        c.inbound[node].clear()
-        repair = self._fault_rng.exponential(self.scenario.faults.repair_mean_s)
-        self._push(self.now + repair, NODE_UP, node)
-
-    def _node_up(self, node: int) -> None:
-        c = self.cluster
-        c.set_alive(node, True)
-        self._up_since[node] = self.now
-        self._schedule_crash(node)
-        if self._stalled:
-            for t in self._stalled:
-                if t.state == _READY:
-                    self._ready.append(t)
-            self._stalled = []
-
-    def _schedule_crash(self, node: int) -> None:
-        rate = self._fail_rate_s[node]
-        if rate > 0:
-            at = self.now + self._fault_rng.exponential(1 / rate)
-            self._push(at, NODE_DOWN, node, self._fault_token[node])
-
-    # -- drift --------------------------------------------------------------------------------
-
-    def drift(self, d: DriftConfig) -> tuple[int, ...]:
-        """Apply `d` now (its `at_s` is ignored); returns the drifted nodes.
-
-        Crashes are memoryless, so a live node's pending crash is redrawn at the new rate.
-        """
-        c = self.cluster
-        nodes = d.nodes(c.n)
-        for node in nodes:
-            c.slowdown[node] *= d.slowdown
-            c.transient_failure[node] = min(0.99, c.transient_failure[node] * d.failure_mult)
-            self._fail_rate_s[node] *= d.failure_mult
-            self._fault_token[node] += 1
-            if c.alive[node]:
-                self._schedule_crash(node)
-        self.drifted_at = self.now
-        return nodes
-
-    # -- shift ------------------------------------------------------------------------------
-
-    def shift(self, cfg: ShiftConfig) -> None:
-        """Switch the shifted world on now (its `at_s` is ignored): attempts starting from now
-        pay its effects, workflows arriving from now draw its memory spread."""
-        self._shift = cfg
-        self._mem_spread = cfg.mem_spread
-        self.shifted_at = self.now

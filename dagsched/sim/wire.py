@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, Literal, cast
 
 from dagsched.schemas.messages import TaskFailedMsg, TaskFinishedMsg, TaskSpecMsg, WorkflowMsg
-from dagsched.sim.engine import AttemptRecord
+from dagsched.sim.attempts import AttemptRecord
 from dagsched.sim.workflow import TASK_TYPE_NAMES, TaskSpec, TaskType, Workflow, WorkflowError
 
 
