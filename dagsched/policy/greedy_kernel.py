@@ -97,34 +97,29 @@ def _embed_row(
     libm tanh was ~20% of the loop), so these rows' embeddings move by ~1e-7 from the batch
     products' and the logits by ~1e-6, inside `TIE_TOL`."""
     hidden = w1.shape[1]
-    for k in range(hidden):
-        h[k] = np.float32(0.0)
-    for f in range(xn.shape[0]):
-        v = xn[f]
-        for k in range(hidden):
-            h[k] += v * w1[f, k]
+    _matvec(xn, w1, h)
     for k in range(hidden):
         h[k] = _tanh_rational(h[k] + b1[k])
-    out_dim = w2.shape[1]
-    for k in range(out_dim):
-        out[k] = np.float32(0.0)
-    for f in range(hidden):
-        v = h[f]
-        for k in range(out_dim):
-            out[k] += v * w2[f, k]
-    for k in range(out_dim):
+    _matvec(h[:hidden], w2, out)
+    for k in range(w2.shape[1]):
         out[k] = _tanh_rational(out[k] + b2[k])
 
 
-@njit(cache=True)
-def _affine(x: np.ndarray, w: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
-    """out = x @ w + b (float32)."""
+@njit(cache=True, inline="always")
+def _matvec(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
+    """out[:w.shape[1]] = x @ w (float32), row by row: the order every product here sums in."""
     for k in range(w.shape[1]):
         out[k] = np.float32(0.0)
     for f in range(x.shape[0]):
         v = x[f]
         for k in range(w.shape[1]):
             out[k] += v * w[f, k]
+
+
+@njit(cache=True)
+def _affine(x: np.ndarray, w: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    """out = x @ w + b (float32)."""
+    _matvec(x, w, out)
     for k in range(w.shape[1]):
         out[k] += b[k]
 
@@ -344,12 +339,7 @@ def place_batch(  # one compiled call per batch: its whole state, as arguments
         _affine(z1, cl2_w, cl2_b, ctx)
         for k in range(hdim):
             ctx[k] = _tanh32(ctx[k])
-        for k in range(parts.shape[0]):
-            parts[k] = np.float32(0.0)
-        for f in range(hdim):
-            v = ctx[f]
-            for k in range(parts.shape[0]):
-                parts[k] += v * ctx_w[f, k]
+        _matvec(ctx, ctx_w, parts)
         # -- logits, the node (first within the tie tolerance of the best), its log-softmax
         # (a distinct row scored once per task; a touched node's row is its own)
         top = -np.inf
@@ -378,12 +368,7 @@ def place_batch(  # one compiled call per batch: its whole state, as arguments
         logp = logits[node] - top - math.log(total)
         # -- the continuous head at the node: Beta means and their log-density
         e_node = t_emb[slot[node]] if touched[node] else emb[row_of[i, node]]
-        for k in range(hdim):
-            h[k] = np.float32(0.0)
-        for f in range(hdim):
-            v = e_node[f]
-            for k in range(hdim):
-                h[k] += v * co1_node[f, k]
+        _matvec(e_node, co1_node, h)
         for k in range(hdim):
             h[k] = _tanh32(h[k] + parts[hdim + k] + co1_b[k])
         _affine(h[:hdim], co2_w, co2_b, c_raw)
@@ -412,12 +397,7 @@ def place_batch(  # one compiled call per batch: its whole state, as arguments
         # -- the critic on the context and the candidates' mean embedding
         for k in range(hdim):
             mean_emb[k] = np.float32(emb_sum[k] / count[i])
-        for k in range(hdim):
-            h[k] = np.float32(0.0)
-        for f in range(hdim):
-            v = mean_emb[f]
-            for k in range(hdim):
-                h[k] += v * cr1_mean[f, k]
+        _matvec(mean_emb, cr1_mean, h)
         val = cr2_b
         for k in range(hdim):
             val += _tanh32(parts[2 * hdim + k] + h[k] + cr1_b[k]) * cr2_w[k]
