@@ -36,7 +36,6 @@ def gat_edges(
 ) -> None:
     t_count, heads, c_count = xl.shape
     e_count = src.size
-    score = np.empty(heads, dtype=np.float32)
     top = np.empty(heads, dtype=np.float32)
     total = np.empty(heads, dtype=np.float32)
     alpha = np.empty((e_count, heads), dtype=np.float32)
@@ -63,13 +62,13 @@ def gat_edges(
                 alpha[jj, k] = ex
                 total[k] += ex
         for k in range(heads):
-            score[k] = total[k] + np.float32(1e-16)
+            total[k] += np.float32(1e-16)  # PyG's, against an empty sum
         for c in range(c_count):
             out[i, c] = np.float32(0.0)
         for k in range(heads):
             acc_row = out[i]
             for jj in range(lo, hi):
-                w = alpha[jj, k] / score[k]
+                w = alpha[jj, k] / total[k]
                 j = src[jj]
                 for c in range(c_count):
                     acc_row[c] += w * xl[j, k, c]

@@ -262,7 +262,7 @@ def _place_compiled(
         Placement(int(k), float(x[0]), float(x[1]), round(float(x[2])), float(lp))
         for k, x, lp in zip(node.tolist(), vals, logp.tolist(), strict=True)
     ]
-    return Placed(placements, [], unit.tolist(), value.tolist()), live
+    return Placed(placements, units=unit.tolist(), values=value.tolist()), live
 
 
 _DYNAMIC = np.array(DYNAMIC, dtype=np.int64)

@@ -121,8 +121,7 @@ class Graph:
     """A batch of DAGs as an edge list sorted by destination, self loops included: every
     node has at least one in-edge, so `starts` (its first in-edge) defines the segments."""
 
-    src: np.ndarray
-    dst: np.ndarray
+    src: np.ndarray  # [E]: each edge's source; its destination is the segment it is in
     starts: np.ndarray  # [T]
 
 
@@ -135,7 +134,7 @@ def batch_graph(parts: Sequence[tuple[int, np.ndarray, np.ndarray]]) -> tuple[Gr
     dst = np.concatenate([d + o for (_, _, d), o in zip(parts, offsets, strict=True)])
     counts = np.bincount(dst, minlength=int(sizes.sum()))
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    return Graph(src, dst, starts), offsets
+    return Graph(src, starts), offsets
 
 
 class Encodings:
