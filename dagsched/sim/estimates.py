@@ -7,6 +7,8 @@ and the daemon all estimate with these same rules.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 CROSS_ZONE_LATENCY_S = 0.05
@@ -19,7 +21,9 @@ def transfer_to_all_s(
 ) -> np.ndarray:
     """Estimated seconds to move `nbytes` from node `src` to every node (0 to itself): the
     NICs bound a transfer within a zone, CROSS_ZONE_GBPS one across zones."""
-    return transfers_s(zone, net_gbps, np.array([src]), np.array([float(nbytes)]))[0]
+    t = _seconds(zone == zone[src], net_gbps[src], net_gbps, nbytes)
+    t[src] = 0.0
+    return t
 
 
 def transfers_s(
@@ -27,16 +31,20 @@ def transfers_s(
 ) -> np.ndarray:
     """`transfer_to_all_s` for many (`src`, `nbytes`) pairs at once: [P, n]."""
     same_zone = zone[None, :] == zone[src][:, None]
-    gbps = np.where(
-        same_zone,
-        np.minimum(net_gbps[None, :], net_gbps[src][:, None]),
-        np.minimum(CROSS_ZONE_GBPS, net_gbps)[None, :],
-    )
-    t = nbytes[:, None] * 8.0 / (gbps * 1e9) + np.where(
-        same_zone, SAME_ZONE_LATENCY_S, CROSS_ZONE_LATENCY_S
-    )
+    t = _seconds(same_zone, net_gbps[src][:, None], net_gbps[None, :], nbytes[:, None])
     t[np.arange(len(src)), src] = 0.0
     return t
+
+
+def _seconds(same_zone: Any, src_gbps: Any, net_gbps: Any, nbytes: Any) -> np.ndarray:
+    """The transfer time to each destination, broadcast over whatever shapes are given (one
+    source, or a column of them): the one formula both callers share."""
+    gbps = np.where(
+        same_zone, np.minimum(net_gbps, src_gbps), np.minimum(CROSS_ZONE_GBPS, net_gbps)
+    )
+    return nbytes * 8.0 / (gbps * 1e9) + np.where(
+        same_zone, SAME_ZONE_LATENCY_S, CROSS_ZONE_LATENCY_S
+    )
 
 
 def raised_prediction_s(predicted_s: float, elapsed_s: float, declared_s: float) -> float:
