@@ -18,7 +18,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from dagsched.learner.evaluation import rule_from
+from dagsched.learner.live_ab import rule_from
 from dagsched.learner.sequential import ABTest, DecisionRule
 from dagsched.service_config import EvaluatorSettings
 

@@ -38,7 +38,7 @@ from online_shift import CHAMPION, shift_time, workload
 from rich.console import Console
 from rich.table import Table
 
-from dagsched.learner.evaluation import Sample
+from dagsched.learner.live_ab import Sample
 from dagsched.learner.sequential import ABTest, DecisionRule
 from dagsched.learner.sim_loop import LoopConfig, SimLoop
 from dagsched.policy.bundle import load_bundle

@@ -7,7 +7,7 @@ default 32 nodes as heartbeats) with one `Daemon` in this process serving the sh
 champion (garbage collector frozen after start-up, as the `dagsched daemon` process does;
 one torch thread). A warm-up backlog of the default scenario is decided first (the consumer
 group's join, the model's first batches). Then, per width: the workflow (a root, the map
-tasks, a reduce: `sim.view.map_stage`) is published and stored, and its map tasks are
+tasks, a reduce: `core.view.map_stage`) is published and stored, and its map tasks are
 published back to back. `bench/map_burst.py` measures the served path alone on the same
 shape.
 
@@ -49,12 +49,12 @@ async def wait_for(done: Any, timeout: float, what: str) -> None:
 
 
 async def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
+    from dagsched.core.view import map_stage
+    from dagsched.core.wire import to_message
     from dagsched.daemon.service import set_torch_threads
     from dagsched.schemas.messages import TaskReadyMsg
     from dagsched.sim.config import ScenarioConfig
     from dagsched.sim.runner import stream_workflows
-    from dagsched.sim.view import map_stage
-    from dagsched.sim.wire import to_message
 
     rows = []
     async with local_stack("redis://127.0.0.1:1/0", name="burst", private_redis=True) as st:

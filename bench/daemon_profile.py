@@ -81,7 +81,7 @@ class Steps:
 
 async def run(args: argparse.Namespace) -> None:
 
-    import dagsched.daemon.batch as batch_mod
+    import dagsched.daemon.batch_loop as batch_mod
     from dagsched.daemon.service import Daemon, set_torch_threads
 
     async with local_stack("redis://127.0.0.1:1/0", name="profile", private_redis=True) as st:

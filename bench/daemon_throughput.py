@@ -289,7 +289,7 @@ def served(nodes: int, seconds: float, batch: int, warmup: int) -> dict[str, Any
     from dagsched.sim.config import ScenarioConfig
     from dagsched.sim.engine import Simulator
     from dagsched.sim.runner import make_policy, stream_workflows
-    from dagsched.sim.view import cluster_view, task_view
+    from dagsched.sim.snapshot import cluster_view, task_view
 
     base = ScenarioConfig()
     sc = replace(base, cluster=base.cluster.scaled(nodes))

@@ -39,6 +39,7 @@ from rich.console import Console
 from rich.table import Table
 from tqdm import tqdm
 
+from dagsched.core.workflow import Workflow
 from dagsched.learner.online import FinetuneConfig
 from dagsched.learner.sim_loop import LoopConfig, LoopEvent, SimLoop, WorkflowResult
 from dagsched.policy.bundle import load_bundle
@@ -47,7 +48,6 @@ from dagsched.settings import load_settings
 from dagsched.sim.config import DriftConfig, ScenarioConfig
 from dagsched.sim.engine import Simulator
 from dagsched.sim.runner import stream_workflows
-from dagsched.sim.workflow import Workflow
 
 CHAMPION = Path(__file__).resolve().parent.parent / "models" / "champion"
 ARMS = ("champion alone", "full loop")

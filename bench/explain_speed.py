@@ -25,14 +25,14 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from dagsched.core.observation import Observation, observe
+from dagsched.policy.attribution import explain_observation
 from dagsched.policy.bundle import load_bundle
-from dagsched.policy.explain import explain_observation
 from dagsched.policy.explanation import CORE_TARGETS, DEFAULT_STEPS
 from dagsched.sim.config import ScenarioConfig
 from dagsched.sim.engine import Simulator
-from dagsched.sim.observation import Observation, observe
 from dagsched.sim.runner import make_policy, stream_workflows
-from dagsched.sim.view import cluster_view, task_view
+from dagsched.sim.snapshot import cluster_view, task_view
 
 REPO = Path(__file__).resolve().parents[1]
 

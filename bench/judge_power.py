@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from shift_probe import with_margin
 
-from dagsched.learner.evaluation import Sample, rule_from
+from dagsched.learner.live_ab import Sample, rule_from
 from dagsched.learner.sequential import ABTest
 from dagsched.learner.sim_loop import LoopConfig, SimLoop
 from dagsched.policy.bundle import load_bundle

@@ -29,12 +29,13 @@ def burst(width: int, plain_tasks: int) -> dict[str, Any]:
     import torch
     from threadpoolctl import threadpool_limits
 
+    from dagsched.core.view import map_stage
     from dagsched.policy.bundle import load_bundle
     from dagsched.policy.numpy_net import Encodings
     from dagsched.sim.config import ScenarioConfig
     from dagsched.sim.engine import Simulator
     from dagsched.sim.runner import make_policy, stream_workflows
-    from dagsched.sim.view import cluster_view, map_stage
+    from dagsched.sim.snapshot import cluster_view
 
     torch.set_num_threads(1)
     threadpool_limits(1, user_api="blas")

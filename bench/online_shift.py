@@ -51,10 +51,10 @@ import torch
 from harness.finetune_args import add_finetune_args, finetune_config
 from harness.shift_report import plot, summarize_arm, table
 
-from dagsched.learner.evaluation import Sample, rule_from
+from dagsched.core.workflow import Workflow
+from dagsched.learner.live_ab import Sample, rule_from
 from dagsched.learner.sequential import ABTest, DecisionRule
 from dagsched.learner.sim_loop import LoopConfig, LoopEvent, SimLoop, WorkflowResult
-from dagsched.policy.api import SchedulerPolicy
 from dagsched.policy.bundle import load_bundle
 from dagsched.policy.scheduler import GNNScheduler
 from dagsched.reporting import to_jsonable
@@ -62,7 +62,7 @@ from dagsched.settings import load_settings
 from dagsched.sim.config import ScenarioConfig, ShiftConfig
 from dagsched.sim.engine import Simulator
 from dagsched.sim.runner import make_policy, simulate, stream_workflows
-from dagsched.sim.workflow import Workflow
+from dagsched.sim.snapshot import SchedulerPolicy
 
 CHAMPION = Path(__file__).resolve().parent.parent / "models" / "champion"
 ARMS = ("frozen", "loop", "heft_history")

@@ -25,15 +25,14 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from dagsched.learner.evaluate import HELD_OUT_SEED
-from dagsched.policy.api import SchedulerPolicy
+from dagsched.core.observation import demand_fractions
+from dagsched.learner.offline_eval import HELD_OUT_SEED
 from dagsched.policy.bundle import load_bundle
 from dagsched.sim.config import ScenarioConfig
 from dagsched.sim.engine import Simulator
-from dagsched.sim.observation import demand_fractions
 from dagsched.sim.runner import make_policy, simulate, stream_workflows
-from dagsched.sim.state import Decision, TaskRun
-from dagsched.sim.view import cluster_view, task_view
+from dagsched.sim.runs import Decision, TaskRun
+from dagsched.sim.snapshot import SchedulerPolicy, cluster_view, task_view
 
 CHAMPION = Path(__file__).resolve().parent.parent / "models" / "champion"
 

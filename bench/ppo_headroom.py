@@ -22,8 +22,10 @@ from typing import Any
 
 import torch
 
-from dagsched.learner.evaluate import evaluate, scenarios
-from dagsched.policy.api import Scheduler, SchedulerPolicy
+from dagsched.core.bounds import CPU_BOUNDS, MEM_BOUNDS
+from dagsched.core.history import predicted_use, summarize
+from dagsched.core.scheduler import Scheduler
+from dagsched.learner.offline_eval import evaluate, scenarios
 from dagsched.policy.bundle import load_bundle
 from dagsched.sim.baselines import (
     HISTORY_MARGIN,
@@ -34,9 +36,8 @@ from dagsched.sim.baselines import (
 )
 from dagsched.sim.config import ScenarioConfig
 from dagsched.sim.engine import Simulator
-from dagsched.sim.history import predicted_use, summarize
-from dagsched.sim.state import CPU_BOUNDS, MEM_BOUNDS, Decision, TaskRun
-from dagsched.sim.view import cluster_view, task_view
+from dagsched.sim.runs import Decision, TaskRun
+from dagsched.sim.snapshot import SchedulerPolicy, cluster_view, task_view
 
 
 def history_demand(sim: Simulator, t: TaskRun) -> Demand:

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dagsched.learner.evaluate import evaluate, make_policies, scenarios
+from dagsched.learner.offline_eval import evaluate, make_policies, scenarios
 from dagsched.learner.train import train
 from dagsched.policy.bundle import load_bundle, save_bundle
 from dagsched.policy.model import ActorCritic

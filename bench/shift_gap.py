@@ -33,15 +33,15 @@ from harness.finetune_args import add_finetune_args, finetune_config
 
 from dagsched.learner.online import finetune_heads
 from dagsched.learner.sim_loop import LoopConfig, SimLoop
-from dagsched.policy.api import SchedulerPolicy
-from dagsched.policy.batching import collate
 from dagsched.policy.bundle import load_bundle
+from dagsched.policy.collate import collate
 from dagsched.policy.scheduler import GNNScheduler
 from dagsched.reporting import to_jsonable
 from dagsched.settings import load_settings
 from dagsched.sim.config import ScenarioConfig
 from dagsched.sim.engine import Simulator
 from dagsched.sim.runner import generate_workflows, simulate
+from dagsched.sim.snapshot import SchedulerPolicy
 
 CHAMPION = Path(__file__).resolve().parent.parent / "models" / "champion"
 EVAL_SEED = 10_000  # held out: training rounds use seeds 1, 2, ...

@@ -27,13 +27,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from dagsched.policy.api import SchedulerPolicy
 from dagsched.policy.bundle import load_bundle
 from dagsched.policy.scheduler import GNNScheduler
 from dagsched.reporting import to_jsonable
 from dagsched.settings import load_settings
 from dagsched.sim.config import ScenarioConfig, ShiftConfig
 from dagsched.sim.runner import simulate
+from dagsched.sim.snapshot import SchedulerPolicy
 
 CHAMPION = Path(__file__).resolve().parent.parent / "models" / "champion"
 KEYS = ("sla_attainment", "mean_jct_s", "oom_kills", "workflows_failed")

@@ -30,13 +30,13 @@ from dagsched.daemon.broker import embedded_broker
 from dagsched.daemon.replay import Replay, ReplayConfig, WorkflowOutcome
 from dagsched.daemon.service import Daemon
 from dagsched.learner.services import EvaluatorService, LearnerService
-from dagsched.policy.api import SchedulerPolicy
 from dagsched.policy.bundle import load_bundle
 from dagsched.registry.promotion import audit_trail
 from dagsched.registry.store import SHIPPED_CHAMPION, Registry
 from dagsched.settings import Settings
 from dagsched.sim.config import PRODUCTION_SHIFT, ShiftConfig
 from dagsched.sim.runner import simulate, stream_workflows
+from dagsched.sim.snapshot import SchedulerPolicy
 
 log = structlog.get_logger("dagsched.demo")
 MODEL_WAIT_S = 120.0

@@ -22,10 +22,10 @@ Key = tuple[str, int, int]
 def workload(tasks: int, tag: str, seed: int) -> tuple[list[tuple[str, bytes]], list[Any]]:
     """Workflow messages (id, bytes) and their `task_ready` messages (key, id, bytes), at least
     `tasks` of them, every task of every workflow, shuffled across workflows."""
+    from dagsched.core.wire import to_message
     from dagsched.schemas.messages import TaskReadyMsg
     from dagsched.sim.config import ScenarioConfig
     from dagsched.sim.runner import stream_workflows
-    from dagsched.sim.wire import to_message
 
     wfs: list[tuple[str, bytes]] = []
     ready: list[tuple[Key, str, bytes]] = []

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dagsched.cli.console import progress_bar, stderr_is_tty
-from dagsched.cli.state import state
+from dagsched.cli.context import state
 
 KEYS = ("sla_attainment", "mean_jct_s", "p95_jct_s", "cost_core_s", "workflows_failed")
 

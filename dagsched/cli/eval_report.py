@@ -1,4 +1,4 @@
-"""The `dagsched eval` report: the rows of `dagsched.learner.evaluate` as Markdown, CSV, JSON
+"""The `dagsched eval` report: the rows of `dagsched.learner.offline_eval` as Markdown, CSV, JSON
 and PNG charts (grouped bars per scenario, mean JCT against load per policy); and the training
 curves `dagsched train` draws."""
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from dagsched.learner.evaluate import ROW_KEYS
+from dagsched.learner.offline_eval import ROW_KEYS
 
 
 def write_report(out: Path, rows: list[dict[str, Any]]) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dagsched.sim.workflow import Workflow, WorkflowError
+from dagsched.core.workflow import Workflow, WorkflowError
 
 
 def wfformat_files(path: Path) -> list[Path]:

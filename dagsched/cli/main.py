@@ -9,8 +9,9 @@ from pathlib import Path
 
 import typer
 
+from dagsched.cli.context import CliState, help_without_command
 from dagsched.cli.demo_cmds import demo_cmd
-from dagsched.cli.explain_cmds import explain_cmd
+from dagsched.cli.explain.commands import explain_cmd
 from dagsched.cli.model_cmds import eval_cmd, models_app
 from dagsched.cli.service_cmds import (
     broker_cmd,
@@ -21,12 +22,11 @@ from dagsched.cli.service_cmds import (
     updater_cmd,
 )
 from dagsched.cli.sim_cmds import sim_app
-from dagsched.cli.state import CliState, help_without_command
 from dagsched.cli.topics_cmds import topics_app
 from dagsched.cli.train_cmds import train_cmd
+from dagsched.core.workflow import WorkflowError
 from dagsched.registry.errors import RegistryError
 from dagsched.settings import SettingsError
-from dagsched.sim.workflow import WorkflowError
 
 # Errors a user can cause and fix: reported as one line, exit 2, no traceback.
 USER_ERRORS: tuple[type[BaseException], ...] = (

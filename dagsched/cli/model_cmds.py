@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dagsched.cli.console import progress_bar, stderr_is_tty
-from dagsched.cli.state import help_without_command, state
+from dagsched.cli.context import help_without_command, state
 
 models_app = typer.Typer(
     help="Inspect policy versions in the MLflow registry.", no_args_is_help=False
@@ -196,7 +196,7 @@ def eval_cmd(
     """Evaluate a model against every baseline and MCTS; write Markdown, CSV and PNG charts."""
     from dagsched.cli.eval_report import write_report
     from dagsched.cli.inputs import load_wfformat_path
-    from dagsched.learner.evaluate import evaluate, make_policies, scenarios
+    from dagsched.learner.offline_eval import evaluate, make_policies, scenarios
     from dagsched.registry.store import Registry
     from dagsched.registry.uri import load_model
     from dagsched.sim.runner import POLICY_NAMES

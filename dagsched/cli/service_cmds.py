@@ -17,7 +17,7 @@ import structlog
 import typer
 
 from dagsched.cli.console import print_metrics, progress_bar, stderr_is_tty
-from dagsched.cli.state import state
+from dagsched.cli.context import state
 from dagsched.settings import Settings
 
 log = structlog.get_logger(__name__)

@@ -9,10 +9,10 @@ from typing import Any
 import structlog
 import typer
 
-from dagsched.cli.batch import run_grid
 from dagsched.cli.console import print_metrics, progress_bar, stderr_is_tty
+from dagsched.cli.context import help_without_command, state
 from dagsched.cli.inputs import load_wfformat_path
-from dagsched.cli.state import help_without_command, state
+from dagsched.cli.sim_grid import run_grid
 from dagsched.reporting import to_jsonable, write_compare_report
 from dagsched.sim.runner import POLICY_NAMES, simulate
 

@@ -23,8 +23,8 @@ from typing import Any, TypeVar
 import structlog
 import typer
 
+from dagsched.cli.context import help_without_command
 from dagsched.cli.service_cmds import BOOTSTRAP, service_settings
-from dagsched.cli.state import help_without_command
 from dagsched.schemas.topics import TOPICS
 from dagsched.settings import Settings
 

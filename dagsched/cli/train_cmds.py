@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from dagsched.cli.console import print_metrics, progress_bar, stderr_is_tty
-from dagsched.cli.state import state
+from dagsched.cli.context import state
 
 
 def train_cmd(

@@ -1,4 +1,4 @@
-"""Per-family history in Redis: the daemon's copy of `sim.history`, fed by the same events.
+"""Per-family history in Redis: the daemon's copy of `core.history`, fed by the same events.
 
 One hash per family, `{prefix}dagsched:hist:{family}`:
 
@@ -11,7 +11,7 @@ One hash per family, `{prefix}dagsched:hist:{family}`:
 | `c:{i}`, `m:{i}`, `r:{i}` | weight of bucket i of the CPU use, memory peak and runtime ratios |
 | `ctot`, `mtot`, `rtot` | total weight of each histogram |
 
-The ratios and buckets are computed here with `sim.history`'s functions; one Lua script adds
+The ratios and buckets are computed here with `core.history`'s functions; one Lua script adds
 them atomically, so replicas of the updater can share a family, and a marker per attempt
 (`histseen:{wf}/{task}:{attempt}`) makes a redelivered event count once. `stats` reads the
 hashes back into `FamilyStats`, so a policy reads the same numbers as in the simulator.
@@ -25,8 +25,7 @@ from typing import Any
 import numpy as np
 import redis.asyncio as aioredis
 
-from dagsched.schemas.messages import TaskFailedMsg, TaskFinishedMsg, TaskSpecMsg
-from dagsched.sim.history import (
+from dagsched.core.history import (
     HALF_LIFE_S,
     N_BUCKETS,
     RESCALE_AT,
@@ -34,6 +33,7 @@ from dagsched.sim.history import (
     bucket,
     measured_ratios,
 )
+from dagsched.schemas.messages import TaskFailedMsg, TaskFinishedMsg, TaskSpecMsg
 
 SEEN_TTL_S = 7 * 24 * 3600
 

@@ -20,19 +20,19 @@ from collections.abc import Iterable
 import numpy as np
 import structlog
 
+from dagsched.core.bounds import clamp_placement
+from dagsched.core.history import FamilySummary
+from dagsched.core.scheduler import Placement, Scheduler
+from dagsched.core.view import ClusterView, TaskView
+from dagsched.core.workflow import Workflow, downward_finish_s
 from dagsched.daemon import encoding
-from dagsched.daemon.batch_log import Logged, PolicyCall, Trace, snapshot
+from dagsched.daemon.arms import Models
+from dagsched.daemon.call_log import Logged, PolicyCall, Trace, snapshot
 from dagsched.daemon.metrics import DaemonMetrics
-from dagsched.daemon.models import Models
 from dagsched.daemon.redis_state import Reservation
-from dagsched.daemon.state import Progress, StateStore
-from dagsched.policy.api import Placement, Scheduler
+from dagsched.daemon.state_store import Progress, StateStore
 from dagsched.schemas.messages import TaskReadyMsg
 from dagsched.settings import Settings
-from dagsched.sim.history import FamilySummary
-from dagsched.sim.state import CPU_BOUNDS, MEM_BOUNDS, RETRY_BOUNDS
-from dagsched.sim.view import ClusterView, TaskView
-from dagsched.sim.workflow import Workflow, downward_finish_s
 
 log = structlog.get_logger(__name__)
 
@@ -210,8 +210,7 @@ class Placer:
                 m, wf = pending[key]
                 spec = wf.tasks[tv.idx]
                 node = int(p.node)
-                cpu = min(max(float(p.cpu), CPU_BOUNDS[0]), CPU_BOUNDS[1])
-                mem = min(max(float(p.mem), MEM_BOUNDS[0]), MEM_BOUNDS[1])
+                cpu, mem, retries = clamp_placement(float(p.cpu), float(p.mem), p.max_retries)
                 cores, mem_gb = cpu * view.cores[node], mem * view.mem_gb[node]
                 fits = view.take(tv, node, cpu, mem)
                 decision = encoding.decision(
@@ -221,7 +220,7 @@ class Placer:
                     view.node_ids[node],
                     cpu,
                     mem,
-                    int(min(max(round(p.max_retries), RETRY_BOUNDS[0]), RETRY_BOUNDS[1])),
+                    retries,
                     version,
                     arm,
                     encoding.bounded_log_prob(p.log_prob),

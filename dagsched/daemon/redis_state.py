@@ -37,6 +37,9 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
+from dagsched.core.history import FamilyStats
+from dagsched.core.view import NODE_KINDS, ClusterView
+from dagsched.core.workflow import TASK_TYPE_NAMES
 from dagsched.daemon.history_store import RedisHistory, parse_stats
 from dagsched.daemon.redis_scripts import (
     DECIDE_LUA,
@@ -59,10 +62,6 @@ from dagsched.schemas.messages import (
     WorkflowMsg,
 )
 from dagsched.settings import Settings
-from dagsched.sim.config import NODE_KINDS
-from dagsched.sim.history import FamilyStats
-from dagsched.sim.view import ClusterView
-from dagsched.sim.workflow import TASK_TYPE_NAMES
 
 LOG_ENTRY_OVERHEAD = 64  # first guess of what an entry costs beyond its values; then measured
 LOG_CALIBRATE_EVERY = 64  # writes between measurements of what an entry really costs

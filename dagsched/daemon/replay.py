@@ -29,6 +29,7 @@ from typing import Any
 import structlog
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from dagsched.core.workflow import Workflow
 from dagsched.daemon.kafka import Output, make_producer, produce_all
 from dagsched.schemas.messages import (
     BadMessage,
@@ -39,8 +40,7 @@ from dagsched.settings import Settings
 from dagsched.sim.engine import Simulator
 from dagsched.sim.executor import SimExecutor, WorkflowOutcome
 from dagsched.sim.runner import rng_for, stream_workflows
-from dagsched.sim.state import TaskRun
-from dagsched.sim.workflow import Workflow
+from dagsched.sim.runs import TaskRun
 from dagsched.sim.workload import WorkloadGenerator
 
 log = structlog.get_logger(__name__)

@@ -5,7 +5,7 @@ loop, the batch in flight drains within `daemon.grace_s`, and `close` always run
 for production (SIGTERM / SIGINT set the stop event); tests drive `async_run()` and `stop()`.
 Also here: Kafka start with backoff, the rebalance listener and `/healthz`.
 
-What one batch does, and why it is effectively once, is `dagsched.daemon.batch`.
+What one batch does, and why it is effectively once, is `dagsched.daemon.batch_loop`.
 """
 
 from __future__ import annotations
@@ -22,18 +22,18 @@ import structlog
 from aiokafka import ConsumerRebalanceListener
 from aiokafka.errors import KafkaError
 
-from dagsched.daemon.batch import BatchLoop
+from dagsched.core.wire import to_workflow
+from dagsched.core.workflow import Workflow
+from dagsched.daemon.arms import ALIASES, Loader, Models, VersionOf
+from dagsched.daemon.batch_loop import BatchLoop
 from dagsched.daemon.kafka import make_consumer, make_producer
 from dagsched.daemon.metrics import DaemonMetrics, MetricsServer
-from dagsched.daemon.models import ALIASES, Loader, Models, VersionOf
 from dagsched.daemon.redis_state import RedisState, connect
-from dagsched.daemon.state import StateStore
+from dagsched.daemon.state_store import StateStore
 from dagsched.daemon.updater import Updater
 from dagsched.registry import serving
 from dagsched.schemas.messages import BadMessage, WorkflowMsg, decode
 from dagsched.settings import Settings
-from dagsched.sim.wire import to_workflow
-from dagsched.sim.workflow import Workflow
 
 log = structlog.get_logger(__name__)
 

@@ -25,8 +25,8 @@ import math
 
 import numpy as np
 
-from dagsched.sim.view import ClusterView
-from dagsched.sim.workflow import Workflow, critical_path_s
+from dagsched.core.view import ClusterView
+from dagsched.core.workflow import Workflow, critical_path_s
 
 COVARIATES: tuple[str, ...] = (
     "log_slack",  # log(deadline / declared critical path)

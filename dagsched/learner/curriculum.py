@@ -11,8 +11,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from dagsched.core.workflow import Workflow
 from dagsched.sim.config import ScenarioConfig
-from dagsched.sim.workflow import Workflow
 from dagsched.sim.workload import WorkloadGenerator
 
 

@@ -14,7 +14,7 @@ task record per decision at 32 nodes and a batch of 64, instead of ~10,000.
 Both views are encoded field by field from their dataclasses, so a field added to either is
 logged without a change here; `tests/learner/test_decision_log.py` checks the replay against
 what the scheduler itself observed, and the daemon compares the first task of a call (every
-call of a version's first few, then a sample: `daemon.batch_log.snapshot`).
+call of a version's first few, then a sample: `daemon.call_log.snapshot`).
 
 Here, in `learner`, because the daemon (writer), the learner and `dagsched explain`
 (readers) all may import it, and it needs the observation code of `policy`.
@@ -31,11 +31,11 @@ from typing import Any
 
 import numpy as np
 
+from dagsched.core.history import FamilySummary
+from dagsched.core.observation import Observation, observe
+from dagsched.core.view import ClusterView, TaskView
+from dagsched.core.workflow import Workflow
 from dagsched.schemas.messages import DecisionBatchMsg, DecisionLogMsg, LoggedTaskMsg
-from dagsched.sim.history import FamilySummary
-from dagsched.sim.observation import Observation, observe
-from dagsched.sim.view import ClusterView, TaskView
-from dagsched.sim.workflow import Workflow
 
 _TASK_FIXED = ("workflow", "idx", "attempt")  # carried by the task record itself
 
@@ -226,7 +226,7 @@ class LoggedDecision:
     def observation(self, workflow: Callable[[str], Workflow | None]) -> Observation | None:
         """The observation the decision was made from (None when it cannot be had: no view
         logged, an unknown workflow, a record this code cannot read)."""
-        from dagsched.sim.observation import observation_from_dict
+        from dagsched.core.observation import observation_from_dict
 
         if self._legacy is not None:
             if self._legacy.observation is None:
@@ -246,7 +246,7 @@ class LoggedDecision:
         """The `decision_log` message of this decision (what `dagsched explain` reads)."""
         if self._legacy is not None:
             return self._legacy
-        from dagsched.sim.observation import observation_to_dict
+        from dagsched.core.observation import observation_to_dict
 
         obs = self.observation(workflow)
         return DecisionLogMsg(

@@ -23,6 +23,9 @@ from typing import Any
 
 import numpy as np
 
+from dagsched.core.observation import NODE_FEATURES, Observation
+from dagsched.core.wire import to_workflow
+from dagsched.core.workflow import Workflow, downward_finish_s
 from dagsched.learner.completion import TimeInSystem
 from dagsched.learner.decision_log import LoggedDecision, logged
 from dagsched.schemas.messages import (
@@ -37,10 +40,7 @@ from dagsched.schemas.messages import (
     WorkflowMsg,
 )
 from dagsched.sim.config import RewardWeights
-from dagsched.sim.observation import NODE_FEATURES, Observation
 from dagsched.sim.reward import TaskOutcome, decision_reward, dominant_core_s, jain_with
-from dagsched.sim.wire import to_workflow
-from dagsched.sim.workflow import Workflow, downward_finish_s
 
 Key = tuple[str, int]  # (workflow_id/task, attempt)
 _CPU_USED = NODE_FEATURES.index("cpu_used")

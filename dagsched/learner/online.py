@@ -21,7 +21,7 @@ import torch
 
 from dagsched.learner.joining import Joined
 from dagsched.learner.ppo_math import ppo_loss
-from dagsched.policy.batching import collate
+from dagsched.policy.collate import collate
 from dagsched.policy.model import ACTOR_HEADS, ActorCritic, evaluate
 from dagsched.policy.normalizer import FeatureNormalizer
 

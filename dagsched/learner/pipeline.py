@@ -18,12 +18,12 @@ import numpy as np
 import structlog
 
 from dagsched.learner.train import train
-from dagsched.policy.api import SchedulerPolicy
 from dagsched.policy.bundle import save_bundle
 from dagsched.policy.scheduler import GNNScheduler
 from dagsched.settings import Settings
 from dagsched.sim.config import ScenarioConfig
 from dagsched.sim.runner import simulate
+from dagsched.sim.snapshot import SchedulerPolicy
 
 log = structlog.get_logger("dagsched.train")
 

@@ -8,14 +8,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from dagsched.core.observation import Observation
+from dagsched.core.workflow import Workflow
 from dagsched.policy.scheduler import GNNScheduler
 from dagsched.sim.config import ScenarioConfig
 from dagsched.sim.engine import Simulator
-from dagsched.sim.observation import Observation
 from dagsched.sim.reward import TaskOutcome
-from dagsched.sim.state import Decision, TaskRun
-from dagsched.sim.view import cluster_view, task_view
-from dagsched.sim.workflow import Workflow
+from dagsched.sim.runs import Decision, TaskRun
+from dagsched.sim.snapshot import cluster_view, task_view
 
 EpisodeFactory = Callable[[int], tuple[ScenarioConfig, list[Workflow]]]
 

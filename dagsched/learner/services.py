@@ -33,8 +33,8 @@ from typing import Any
 import structlog
 from aiokafka import AIOKafkaConsumer
 
-from dagsched.learner.evaluation import Judge, Lease, WorkflowOutcomes, rule_from
 from dagsched.learner.joining import Joined, OutcomeJoiner
+from dagsched.learner.live_ab import Judge, Lease, WorkflowOutcomes, rule_from
 from dagsched.learner.online import FinetuneConfig, finetune_heads, learning_window
 from dagsched.policy.scheduler import GNNScheduler
 from dagsched.schemas.messages import BadMessage, DecisionBatchMsg, DecisionLogMsg, decode

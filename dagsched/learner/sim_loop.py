@@ -36,15 +36,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from dagsched.learner.adjustment import Congestion, congestion, covariates
-from dagsched.learner.evaluation import Judge, Sample, rule_from, workflow_speed
 from dagsched.learner.joining import Joined
+from dagsched.learner.live_ab import Judge, Sample, rule_from, workflow_speed
 from dagsched.learner.online import FinetuneConfig, finetune_heads, learning_window
 from dagsched.policy.scheduler import GNNScheduler
 from dagsched.schemas.ab import workflow_bucket
 from dagsched.service_config import EvaluatorSettings
 from dagsched.sim.reward import TaskOutcome
-from dagsched.sim.state import Decision, TaskRun
-from dagsched.sim.view import cluster_view, task_view
+from dagsched.sim.runs import Decision, TaskRun
+from dagsched.sim.snapshot import cluster_view, task_view
 
 if TYPE_CHECKING:
     from dagsched.sim.engine import Simulator

@@ -20,19 +20,19 @@ from typing import Any
 import numpy as np
 import torch
 
+from dagsched.core.observation import ANCHOR_FLOOR, Observation, observe
 from dagsched.learner.curriculum import Curriculum
 from dagsched.learner.ppo_math import compute_gae, ppo_loss
 from dagsched.learner.rollout import RolloutWorker, stack
-from dagsched.policy.batching import collate
+from dagsched.policy.collate import collate
 from dagsched.policy.model import ActorCritic, ModelConfig, evaluate, to_unit
 from dagsched.policy.normalizer import FeatureNormalizer
 from dagsched.policy.scheduler import GNNScheduler
 from dagsched.service_config import TrainSettings
 from dagsched.sim.config import ScenarioConfig
 from dagsched.sim.engine import Simulator
-from dagsched.sim.observation import ANCHOR_FLOOR, Observation, observe
 from dagsched.sim.runner import make_policy
-from dagsched.sim.view import cluster_view, task_view
+from dagsched.sim.snapshot import cluster_view, task_view
 
 MetricsSink = Callable[[dict[str, float], int], None]
 

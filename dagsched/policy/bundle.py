@@ -21,12 +21,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from dagsched.core.observation import CLUSTER_FEATURES, DAG_FEATURES, NODE_FEATURES, observe
+from dagsched.core.view import ClusterView, TaskView
+from dagsched.core.workflow import TaskSpec, TaskType, Workflow
 from dagsched.policy.model import ActorCritic, ModelConfig
 from dagsched.policy.normalizer import FeatureNormalizer
 from dagsched.policy.scheduler import GNNScheduler
-from dagsched.sim.observation import CLUSTER_FEATURES, DAG_FEATURES, NODE_FEATURES, observe
-from dagsched.sim.view import ClusterView, TaskView
-from dagsched.sim.workflow import TaskSpec, TaskType, Workflow
 
 FILES = ("state_dict.pt", "normalizer.joblib", "model_config.json", "feature_schema.json")
 CHECKSUMS = "checksums.json"

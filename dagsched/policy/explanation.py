@@ -2,7 +2,7 @@
 check, and the views the CLI shows (top contributions, what separated the chosen node from
 the runner-up, per-feature sums, a JSON document).
 
-Plain numpy: reading or showing an explanation needs no torch. `dagsched.policy.explain`
+Plain numpy: reading or showing an explanation needs no torch. `dagsched.policy.attribution`
 computes one (the method is described there).
 """
 
@@ -13,13 +13,13 @@ from typing import Any
 
 import numpy as np
 
-from dagsched.policy.ties import best_node
-from dagsched.sim.observation import (
+from dagsched.core.observation import (
     CLUSTER_FEATURES,
     DAG_FEATURES,
     NODE_FEATURES,
     Observation,
 )
+from dagsched.policy.ties import best_node
 
 METHOD = "captum.attr.IntegratedGradients (Gauss-Legendre)"
 BASELINE = "zeros in normalised space = the training-mean observation"

@@ -29,18 +29,17 @@ from types import ModuleType
 
 import numpy as np
 
-from dagsched.policy.api import Placement
-from dagsched.policy.batch_observation import DYNAMIC, BatchObservation, DagCache
+from dagsched.core.bounds import ACTION_LOW as LOW
+from dagsched.core.bounds import ACTION_SPAN as SPAN
+from dagsched.core.observation import ANCHOR_FLOOR, Observation
+from dagsched.core.scheduler import Placement
+from dagsched.core.view import ClusterView, TaskView
 from dagsched.policy.lazy_observations import LazyObservations
 from dagsched.policy.model import CONC_SCALE, FINISH
 from dagsched.policy.numpy_net import F32, NumpyNet, batch_graph
 from dagsched.policy.ties import best_node
-from dagsched.sim.observation import ANCHOR_FLOOR, Observation
-from dagsched.sim.state import CPU_BOUNDS, MEM_BOUNDS, RETRY_BOUNDS
-from dagsched.sim.view import ClusterView, TaskView
+from dagsched.policy.vectorised_observation import DYNAMIC, BatchObservation, DagCache
 
-LOW = np.array([CPU_BOUNDS[0], MEM_BOUNDS[0], RETRY_BOUNDS[0]], dtype=F32)
-SPAN = np.array([CPU_BOUNDS[1], MEM_BOUNDS[1], RETRY_BOUNDS[1]], dtype=F32) - LOW
 _MASKED = F32(-1e9)  # as the model's masked_fill
 
 

@@ -6,9 +6,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from dagsched.policy.api import Placement
-from dagsched.sim.state import CPU_BOUNDS, MEM_BOUNDS
-from dagsched.sim.view import ClusterView, TaskView
+from dagsched.core.bounds import CPU_BOUNDS, MEM_BOUNDS
+from dagsched.core.scheduler import Placement
+from dagsched.core.view import ClusterView, TaskView
 
 FALLBACK_RETRIES = 3
 

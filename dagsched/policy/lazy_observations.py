@@ -1,7 +1,7 @@
 """A batch's observations built when they are read, from its placements.
 
 The compiled serving loop (`greedy_kernel`) decides without building an `Observation` per
-task: the daemon reads only the first (`batch_log.snapshot` checks it against `observe`)
+task: the daemon reads only the first (`call_log.snapshot` checks it against `observe`)
 and training reads them all. `LazyObservations` is that list: item `i` is the observation
 the numpy loop would have built, `BatchObservation.nodes` and `cluster` on the batch's view
 with placements 0..i-1 taken, bit for bit `observe`'s. Reading in order replays each
@@ -16,9 +16,9 @@ from typing import overload
 
 import numpy as np
 
-from dagsched.policy.api import Placement
-from dagsched.policy.batch_observation import BatchObservation
-from dagsched.sim.observation import Observation
+from dagsched.core.observation import Observation
+from dagsched.core.scheduler import Placement
+from dagsched.policy.vectorised_observation import BatchObservation
 
 
 class LazyObservations(Sequence[Observation]):

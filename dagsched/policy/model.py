@@ -30,19 +30,19 @@ from torch import Tensor, nn
 from torch.distributions import Beta, Categorical
 from torch_geometric.nn import AttentionalAggregation, GATv2Conv
 
-from dagsched.policy.ties import TIE_TOL
-from dagsched.sim.observation import (
+from dagsched.core.bounds import ACTION_HIGH, ACTION_LOW
+from dagsched.core.observation import (
     ANCHOR_FLOOR,
     CLUSTER_FEATURES,
     DAG_FEATURES,
     NODE_FEATURES,
 )
-from dagsched.sim.state import CPU_BOUNDS, MEM_BOUNDS, RETRY_BOUNDS
+from dagsched.policy.ties import TIE_TOL
 
 ACTOR_HEADS: tuple[str, ...] = ("scorer", "cont_head", "prior")
 FINISH = NODE_FEATURES.index("log_pred_finish_s")
-LOW = torch.tensor([CPU_BOUNDS[0], MEM_BOUNDS[0], RETRY_BOUNDS[0]], dtype=torch.float32)
-HIGH = torch.tensor([CPU_BOUNDS[1], MEM_BOUNDS[1], RETRY_BOUNDS[1]], dtype=torch.float32)
+LOW = torch.from_numpy(ACTION_LOW)
+HIGH = torch.from_numpy(ACTION_HIGH)
 # The Betas' concentration is CONC_SCALE x (2 + softplus(k + 2)). The served means do not
 # depend on it; it sets how far a sampled reservation (the learner's exploration) strays.
 # At 1, the retrained champion's (~22) drew memory within -16%..+22% of its mean (p10..p90),

@@ -15,8 +15,8 @@ import numpy as np
 import torch
 from sklearn.preprocessing import StandardScaler
 
-from dagsched.policy.batching import ObsBatch
-from dagsched.sim.observation import CLUSTER_FEATURES, DAG_FEATURES, NODE_FEATURES, Observation
+from dagsched.core.observation import CLUSTER_FEATURES, DAG_FEATURES, NODE_FEATURES, Observation
+from dagsched.policy.collate import ObsBatch
 
 GROUPS = {"nodes": NODE_FEATURES, "cluster": CLUSTER_FEATURES, "dag": DAG_FEATURES}
 

@@ -11,16 +11,16 @@ import structlog
 import torch
 from threadpoolctl import ThreadpoolController
 
-from dagsched.policy.api import Placement
-from dagsched.policy.batch_observation import DagCache
-from dagsched.policy.batching import collate, collate_dags
+from dagsched.core.observation import Observation, dag_features, observe
+from dagsched.core.scheduler import Placement
+from dagsched.core.view import ClusterView, TaskView
+from dagsched.core.workflow import upward_rank
+from dagsched.policy.collate import collate, collate_dags
 from dagsched.policy.fast_place import place_fast
 from dagsched.policy.model import ActorCritic, PolicyOutput, act, from_unit
 from dagsched.policy.normalizer import FeatureNormalizer
 from dagsched.policy.numpy_net import NumpyNet, Unsupported
-from dagsched.sim.observation import Observation, dag_features, observe
-from dagsched.sim.view import ClusterView, TaskView
-from dagsched.sim.workflow import upward_rank
+from dagsched.policy.vectorised_observation import DagCache
 
 log = structlog.get_logger(__name__)
 _blas: list[ThreadpoolController] = []  # made on first use, not at import

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dagsched.policy.api import Scheduler
+from dagsched.core.scheduler import Scheduler
 from dagsched.registry.errors import RegistryError
 from dagsched.settings import Settings
 

@@ -19,7 +19,7 @@ from dagsched.sim.cluster import Cluster
 from dagsched.sim.config import RewardWeights
 from dagsched.sim.metrics import Metrics
 from dagsched.sim.reward import TaskOutcome, decision_reward, dominant_core_s
-from dagsched.sim.state import TaskRun
+from dagsched.sim.runs import TaskRun
 from dagsched.sim.usage import UsageMeter
 
 # (task, outcome, reward): called once per decided attempt, when it ends

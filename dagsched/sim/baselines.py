@@ -17,15 +17,16 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from dagsched.sim.estimates import raised_prediction_s, transfer_to_all_s
-from dagsched.sim.history import (
+from dagsched.core.bounds import CPU_BOUNDS, MEM_BOUNDS
+from dagsched.core.estimates import raised_prediction_s, transfer_to_all_s
+from dagsched.core.history import (
     VPA_MARGIN,
     FamilyStats,
     FamilySummary,
     predicted_use,
     summarize,
 )
-from dagsched.sim.state import CPU_BOUNDS, MEM_BOUNDS, Decision, Policy, TaskRun, TaskState
+from dagsched.sim.runs import Decision, Policy, TaskRun, TaskState
 
 if TYPE_CHECKING:
     from dagsched.sim.engine import Simulator
@@ -345,7 +346,7 @@ def history_request(
     spec_cores: float, spec_mem: float, stats: FamilyStats | None
 ) -> tuple[float, float]:
     """(cores, memory GB) heft_history reserves for a task of a family with these
-    statistics: `sim.history.predicted_use` with VPA's +15% margin - the family's p90 use
+    statistics: `core.history.predicted_use` with VPA's +15% margin - the family's p90 use
     (CPU) and peak (memory) x the request x 1.15, memory at least 1.2 x the highest limit an
     OOM kill of the family hit, the declared request while the family has no history."""
     cores, mem, _ = predicted_use(spec_cores, spec_mem, summarize(stats), HISTORY_MARGIN)

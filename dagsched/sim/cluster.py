@@ -15,11 +15,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from dagsched.sim.config import NODE_KINDS, ClusterConfig
-from dagsched.sim.workflow import TASK_TYPE_NAMES
+from dagsched.core.view import NODE_KINDS
+from dagsched.core.workflow import TASK_TYPE_NAMES
+from dagsched.sim.config import ClusterConfig
 
 if TYPE_CHECKING:
-    from dagsched.sim.state import TaskRun
+    from dagsched.sim.runs import TaskRun
 
 # Failure-rate memory: an exponentially weighted count of recent task failures per node.
 FAILURE_HALF_LIFE_S = 1800.0

@@ -11,12 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
-from dagsched.sim.workflow import TASK_TYPE_NAMES
+from dagsched.core.view import NODE_KINDS
+from dagsched.core.workflow import TASK_TYPE_NAMES
 
 # Read by pydantic when these dataclasses are fields of a settings model: unknown keys are errors.
 _FORBID: dict[str, Any] = {"extra": "forbid"}
 
-NODE_KINDS: tuple[str, ...] = ("cpu", "gpu", "io", "mem")
 
 
 def _check(cond: bool, name: str, msg: str) -> None:

@@ -37,36 +37,24 @@ from typing import Any
 
 import numpy as np
 
+from dagsched.core.bounds import clamp_placement
+from dagsched.core.history import History, measured_ratios
+from dagsched.core.workflow import Workflow
 from dagsched.sim.attempts import AttemptRecord, OutcomeHook  # AttemptRecord: re-exported
 from dagsched.sim.cluster import SLOWDOWN_WEIGHT, Cluster
 from dagsched.sim.config import ScenarioConfig, ShiftConfig
 from dagsched.sim.events import ARRIVAL, DRIFT, FAIL, FINISH, NODE_DOWN, NODE_UP, SHIFT
 from dagsched.sim.faults import FaultHandling
-from dagsched.sim.history import History, measured_ratios
 from dagsched.sim.metrics import Metrics
 from dagsched.sim.reward import jain_with
+from dagsched.sim.runs import Decision, FailureKind, Policy, TaskRun, TaskState, WorkflowRun
 from dagsched.sim.shift import shifted_start
-from dagsched.sim.state import (
-    CPU_BOUNDS,
-    MEM_BOUNDS,
-    RETRY_BOUNDS,
-    Decision,
-    FailureKind,
-    Policy,
-    TaskRun,
-    TaskState,
-    WorkflowRun,
-)
 from dagsched.sim.truth import HiddenTruth
 from dagsched.sim.usage import UsageMeter
-from dagsched.sim.workflow import Workflow
 
 # Module-level aliases: a global lookup is several times cheaper than an enum class attribute.
 _WAITING, _READY, _QUEUED, _RUNNING, _DONE, _CANCELLED = TaskState
 _OOM, _TRANSIENT = FailureKind.OOM, FailureKind.TRANSIENT
-_CPU_LO, _CPU_HI = CPU_BOUNDS
-_MEM_LO, _MEM_HI = MEM_BOUNDS
-_RETRY_LO, _RETRY_HI = RETRY_BOUNDS
 
 
 class PolicyError(RuntimeError):
@@ -74,10 +62,6 @@ class PolicyError(RuntimeError):
 
 
 _heappush, _heappop = heapq.heappush, heapq.heappop
-
-
-def _clamp(x: int, lo: int, hi: int) -> int:
-    return lo if x < lo else hi if x > hi else x
 
 
 class Simulator(FaultHandling):
@@ -302,9 +286,7 @@ class Simulator(FaultHandling):
         if not (0 <= node < c.n) or not c.alive[node]:
             raise PolicyError(f"decision for {t.key} picks dead or unknown node {node}")
         t.node = node
-        t.cpu = cpu = _CPU_LO if cpu < _CPU_LO else _CPU_HI if cpu > _CPU_HI else float(cpu)
-        t.mem = mem = _MEM_LO if mem < _MEM_LO else _MEM_HI if mem > _MEM_HI else float(mem)
-        t.max_retries = _clamp(round(retries), _RETRY_LO, _RETRY_HI)
+        t.cpu, t.mem, t.max_retries = cpu, mem, _ = clamp_placement(cpu, mem, retries)
         t.res_cores = res_cores = cpu * c.cores_list[node]
         t.res_mem = res_mem = mem * c.mem_list[node]
         old = 1.0 - c.free_cores[node] / c.cores_list[node]

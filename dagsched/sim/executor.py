@@ -4,7 +4,7 @@ executor, turning decisions into what a real cluster would report.
 `SimExecutor` publishes each workflow once and each task attempt as it becomes ready
 (`request`), places the decisions it is given (`apply`), and reports what happened since the
 last call as wire events (`events`): node heartbeats, node down / up, task started, and each
-ended attempt with what was measured of it (`sim.wire.end_message`), never the hidden truth.
+ended attempt with what was measured of it (`end_message`), never the hidden truth.
 Messages collect in `outbox` as (stream, key, message), stream "tasks" or "events"; the Kafka
 adapter (`daemon.replay`) sends them, a test can read them.
 """
@@ -12,23 +12,53 @@ adapter (`daemon.replay`) sends them, a test can read them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, cast
 
+from dagsched.core.wire import to_message
+from dagsched.core.workflow import Workflow
 from dagsched.schemas.messages import (
     DecisionMsg,
     NodeDownMsg,
     NodeHeartbeatMsg,
     NodeUpMsg,
     TaskFailedMsg,
+    TaskFinishedMsg,
     TaskReadyMsg,
     TaskStartedMsg,
 )
+from dagsched.sim.attempts import AttemptRecord
 from dagsched.sim.engine import Simulator
-from dagsched.sim.state import Decision, TaskRun, TaskState
-from dagsched.sim.wire import end_message, to_message
-from dagsched.sim.workflow import Workflow
+from dagsched.sim.runs import Decision, TaskRun, TaskState
 
 Message = tuple[str, str, Any]  # ("tasks" | "events", key, wire message)
+
+
+_FAILURE_REASONS = ("oom", "node_down", "cancelled")
+
+
+def end_message(
+    r: AttemptRecord, node: str, attempt: int | None = None
+) -> TaskFinishedMsg | TaskFailedMsg:
+    """The end event a node agent reports for an ended attempt: what it measured of it
+    (core-seconds, peak memory, compute and input-wait seconds), never the hidden truth.
+    `attempt` renumbers it (the job queue's numbering), else the simulator's is kept."""
+    common: dict[str, Any] = {
+        "workflow_id": r.wf_id,
+        "task": r.idx,
+        "attempt": r.attempt if attempt is None else attempt,
+        "node": node,
+        "at": r.end_s,
+        "cpu_core_s": r.cpu_core_s,
+        "peak_mem_gb": r.peak_mem_gb,
+        "runtime_s": r.runtime_s,
+        "transfer_s": r.transfer_s,
+    }
+    if r.outcome == "done":
+        return TaskFinishedMsg(**common)
+    reason = r.outcome if r.outcome in _FAILURE_REASONS else "transient"
+    return TaskFailedMsg(
+        **common, reason=cast(Literal["oom", "transient", "node_down", "cancelled"], reason)
+    )
 
 
 @dataclass(frozen=True)

@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from dagsched.core.history import History
 from dagsched.sim.attempts import AttemptAccounting
 from dagsched.sim.config import DriftConfig, ScenarioConfig, ShiftConfig
 from dagsched.sim.events import NODE_DOWN, NODE_UP
-from dagsched.sim.history import History
-from dagsched.sim.state import FailureKind, TaskRun, TaskState, WorkflowRun
+from dagsched.sim.runs import FailureKind, TaskRun, TaskState, WorkflowRun
 
 # Module-level aliases: a global lookup is several times cheaper than an enum class attribute.
 _WAITING, _READY, _QUEUED, _RUNNING, _DONE, _CANCELLED = TaskState

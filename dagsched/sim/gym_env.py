@@ -1,7 +1,7 @@
 """Gymnasium environment `dagsched/Cluster-v0`: one step places one ready task.
 
 Observation (a Dict), from the one observation module the policy, the daemon and `explain`
-use (`sim.observation`): `nodes` [n_nodes, len(NODE_FEATURES)], `cluster`
+use (`core.observation`): `nodes` [n_nodes, len(NODE_FEATURES)], `cluster`
 [len(CLUSTER_FEATURES)] (cluster, task and family-history context), `anchor` [n_nodes, 3]
 (the request history predicts, per node, in the action's unit space) and `action_mask` (1
 for alive nodes). The task's DAG, a graph of varying size, is not part of the Box
@@ -26,12 +26,13 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from dagsched.core.bounds import ACTION_HIGH, ACTION_LOW
+from dagsched.core.observation import CLUSTER_FEATURES, NODE_FEATURES, Observation, observe
 from dagsched.sim.config import ClusterConfig, ScenarioConfig, WorkloadConfig
 from dagsched.sim.engine import Simulator
-from dagsched.sim.observation import CLUSTER_FEATURES, NODE_FEATURES, Observation, observe
 from dagsched.sim.reward import TaskOutcome
-from dagsched.sim.state import CPU_BOUNDS, MEM_BOUNDS, RETRY_BOUNDS, Decision, TaskRun
-from dagsched.sim.view import cluster_view, task_view
+from dagsched.sim.runs import Decision, TaskRun
+from dagsched.sim.snapshot import cluster_view, task_view
 from dagsched.sim.workload import WorkloadGenerator
 
 ENV_ID = "dagsched/Cluster-v0"
@@ -59,8 +60,7 @@ class ClusterEnv(gym.Env[dict[str, np.ndarray], dict[str, Any]]):
                 "action_mask": spaces.MultiBinary(n),
             }
         )
-        lo = np.array([CPU_BOUNDS[0], MEM_BOUNDS[0], RETRY_BOUNDS[0]], dtype=np.float32)
-        hi = np.array([CPU_BOUNDS[1], MEM_BOUNDS[1], RETRY_BOUNDS[1]], dtype=np.float32)
+        lo, hi = ACTION_LOW, ACTION_HIGH
         self.action_space = spaces.Dict(
             {"node": spaces.Discrete(n), "resources": spaces.Box(lo, hi, dtype=np.float32)}
         )

@@ -27,7 +27,7 @@ from dagsched.sim.baselines import (
     LeastLoadedPolicy,
     earliest_finish_node,
 )
-from dagsched.sim.state import Decision, TaskRun
+from dagsched.sim.runs import Decision, TaskRun
 
 if TYPE_CHECKING:
     from dagsched.sim.engine import Simulator

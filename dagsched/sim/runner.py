@@ -9,11 +9,11 @@ from typing import Any
 
 import numpy as np
 
+from dagsched.core.workflow import Workflow
 from dagsched.sim.baselines import make_baseline
 from dagsched.sim.config import ScenarioConfig
 from dagsched.sim.engine import Simulator
-from dagsched.sim.state import Policy
-from dagsched.sim.workflow import Workflow
+from dagsched.sim.runs import Policy
 from dagsched.sim.workload import WorkloadGenerator, arrival_rate, retime
 
 POLICY_NAMES: tuple[str, ...] = (

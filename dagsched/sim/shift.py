@@ -10,7 +10,7 @@ restart shows only as a later finish, a neighbour's slowdown only as a longer me
 from __future__ import annotations
 
 from dagsched.sim.config import ShiftConfig
-from dagsched.sim.state import TaskRun
+from dagsched.sim.runs import TaskRun
 
 
 def shifted_start(cfg: ShiftConfig, t: TaskRun, others_used_cores: float, cores: float) -> None:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from dagsched.sim.workflow import TaskType
+from dagsched.core.workflow import TaskType
 
 Shape = tuple[list[TaskType], list[tuple[int, int]], list[str]]
 Template = Callable[[np.random.Generator, int], Shape]

@@ -3,7 +3,7 @@
 Declared is not actual. A task's request (`TaskSpec.cpu_cores`, `mem_gb`) and runtime
 estimate (`duration_s`) are what its submitter wrote; the simulator runs it on the truth
 drawn here. Only the engine reads it: policies learn it from measured outcomes
-(`task_finished` / `task_failed`, and `sim.history` built from them), never from here.
+(`task_finished` / `task_failed`, and `core.history` built from them), never from here.
 
 Each family (a recurring kind of task, `TaskSpec.family`) has median ratios drawn once per
 run from the run's seed and the family's name, so a family behaves alike in every workflow
@@ -18,8 +18,8 @@ import zlib
 
 import numpy as np
 
+from dagsched.core.workflow import Workflow
 from dagsched.sim.config import TruthConfig
-from dagsched.sim.workflow import Workflow
 
 # Clip ratios to a sane range: a task never uses more than 4x or less than 2% of its request.
 RATIO_BOUNDS = (0.02, 4.0)

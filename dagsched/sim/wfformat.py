@@ -47,7 +47,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from dagsched.sim.workflow import TaskSpec, TaskType, Workflow, WorkflowError, family_of
+from dagsched.core.workflow import TaskSpec, TaskType, Workflow, WorkflowError, family_of
 
 SUPPORTED_VERSIONS: tuple[str, ...] = ("1.3", "1.4", "1.5", "1.6")
 DEFAULT_RUNTIME_S = 1.0

@@ -14,11 +14,11 @@ from dataclasses import replace
 
 import numpy as np
 
+from dagsched.core.workflow import TASK_TYPE_NAMES, TaskSpec, TaskType, Workflow
 from dagsched.sim.config import ClusterConfig, TruthConfig, WorkloadConfig
 from dagsched.sim.dags import drop_edges, layered_dag
 from dagsched.sim.templates import TEMPLATES
 from dagsched.sim.truth import expected_ratios
-from dagsched.sim.workflow import TASK_TYPE_NAMES, TaskSpec, TaskType, Workflow
 
 MB = 1e6
 GB = 1e9

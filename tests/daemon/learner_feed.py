@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from dagsched.core.observation import observation_to_dict
 from dagsched.schemas.messages import (
     DecisionLogMsg,
     DecisionMsg,
@@ -17,7 +18,6 @@ from dagsched.schemas.messages import (
     WorkflowMsg,
 )
 from dagsched.settings import Settings
-from dagsched.sim.observation import observation_to_dict
 from tests.daemon.conftest import Client
 
 Demos = tuple[list[Any], list[int], list[Any]]  # observations, node indices, unit actions

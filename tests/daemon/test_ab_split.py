@@ -8,8 +8,8 @@ import asyncio
 from collections import defaultdict
 from pathlib import Path
 
+from dagsched.daemon.arms import workflow_bucket
 from dagsched.daemon.broker import ensure_topics
-from dagsched.daemon.models import workflow_bucket
 from dagsched.registry.store import CHALLENGER, Registry
 from tests.conftest import clone_mlflow_home
 from tests.daemon.conftest import Client, make_settings, register_version

@@ -11,7 +11,7 @@ from typing import Any
 
 from aiokafka import TopicPartition
 
-from dagsched.daemon.batch import BatchLoop
+from dagsched.daemon.batch_loop import BatchLoop
 from dagsched.daemon.broker import ensure_topics
 from tests.daemon.conftest import Client, make_settings
 
@@ -124,7 +124,7 @@ class _Committer:
 async def test_outputs_are_produced_without_waiting_for_the_decision_log(monkeypatch):
     # the decisions are stored before `_finish`; the Redis decision log (for explain) is
     # written while they are produced, and the commit waits for both
-    import dagsched.daemon.batch as batch_mod
+    import dagsched.daemon.batch_loop as batch_mod
 
     produced = asyncio.Event()
     sent: list[Any] = []

@@ -14,14 +14,14 @@ import numpy as np
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from dagsched.cli.explain_sources import DecisionStore
+from dagsched.cli.explain.sources import DecisionStore
+from dagsched.core.observation import observation_from_dict
+from dagsched.core.wire import to_workflow
 from dagsched.daemon.broker import ensure_topics
 from dagsched.daemon.redis_state import RedisState
 from dagsched.learner.decision_log import batch_observations, logged
 from dagsched.policy.bundle import load_bundle
 from dagsched.schemas.messages import DecisionBatchMsg, DecisionLogMsg, DecisionMsg, decode
-from dagsched.sim.observation import observation_from_dict
-from dagsched.sim.wire import to_workflow
 from tests.daemon.conftest import Client, make_settings
 
 CHAMPION = Path(__file__).resolve().parents[2] / "models" / "champion"

@@ -10,11 +10,14 @@ import math
 import numpy as np
 import pytest
 
+from dagsched.core.history import FamilySummary
+from dagsched.core.scheduler import Placement
+from dagsched.core.view import TaskView
+from dagsched.core.workflow import TaskSpec, TaskType, Workflow
 from dagsched.daemon import encoding
-from dagsched.daemon.batch_log import PolicyCall
+from dagsched.daemon.call_log import PolicyCall
 from dagsched.daemon.placing import _check
 from dagsched.learner.decision_log import task_view_record
-from dagsched.policy.api import Placement
 from dagsched.schemas.messages import (
     DecisionBatchMsg,
     DecisionMsg,
@@ -22,9 +25,6 @@ from dagsched.schemas.messages import (
     TaskReadyMsg,
     decode,
 )
-from dagsched.sim.history import FamilySummary
-from dagsched.sim.view import TaskView
-from dagsched.sim.workflow import TaskSpec, TaskType, Workflow
 
 DECISION = {
     "workflow_id": "wf-00/a.b#1",

@@ -11,7 +11,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from dagsched.learner.evaluation import Lease
+from dagsched.learner.live_ab import Lease
 from dagsched.learner.services import LEASE_KEY, EvaluatorService
 from dagsched.settings import Settings
 from tests.daemon.conftest import wait_for

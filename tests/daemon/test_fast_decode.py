@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from dagsched.daemon.batch import decode_record
+from dagsched.daemon.batch_loop import decode_record
 from dagsched.schemas.messages import (
     BadMessage,
     TaskReadyMsg,

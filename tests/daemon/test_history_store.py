@@ -7,16 +7,17 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from dagsched.core.history import summarize
+from dagsched.core.observation import observe
+from dagsched.core.wire import to_message
 from dagsched.daemon.redis_state import RedisState
 from dagsched.schemas.messages import NodeHeartbeatMsg, TaskFailedMsg, TaskFinishedMsg
 from dagsched.settings import Settings
 from dagsched.sim.config import ScenarioConfig
 from dagsched.sim.engine import AttemptRecord, Simulator
-from dagsched.sim.history import summarize
-from dagsched.sim.observation import observe
+from dagsched.sim.executor import end_message
 from dagsched.sim.runner import generate_workflows, make_policy
-from dagsched.sim.view import cluster_view, task_view
-from dagsched.sim.wire import end_message, to_message
+from dagsched.sim.snapshot import cluster_view, task_view
 
 
 def _small(settings: Settings, workflows: int, size: tuple[int, int]) -> ScenarioConfig:

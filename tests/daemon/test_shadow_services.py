@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
+from dagsched.daemon.arms import workflow_bucket
 from dagsched.daemon.broker import ensure_topics
-from dagsched.daemon.models import workflow_bucket
 from dagsched.learner.curriculum import Curriculum
 from dagsched.learner.services import EvaluatorService, LearnerService
 from dagsched.learner.train import demonstrations

@@ -17,6 +17,9 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
+from dagsched.core.observation import Observation, observation_to_dict, observe
+from dagsched.core.view import ClusterView, TaskView
+from dagsched.core.wire import to_message
 from dagsched.daemon.redis_state import RedisState
 from dagsched.policy.bundle import load_bundle
 from dagsched.policy.scheduler import GNNScheduler
@@ -24,10 +27,8 @@ from dagsched.schemas.messages import DecisionLogMsg, DecisionMsg
 from dagsched.settings import load_settings
 from dagsched.sim.config import ScenarioConfig
 from dagsched.sim.engine import Simulator
-from dagsched.sim.observation import Observation, observation_to_dict, observe
 from dagsched.sim.runner import make_policy, stream_workflows
-from dagsched.sim.view import ClusterView, TaskView, cluster_view, task_view
-from dagsched.sim.wire import to_message
+from dagsched.sim.snapshot import cluster_view, task_view
 from tests.learner.test_decision_log import logged_call
 
 REPO = Path(__file__).resolve().parents[2]

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dagsched.policy.explain import explain_observation
+from dagsched.core.observation import CLUSTER_FEATURES, DAG_FEATURES, NODE_FEATURES
+from dagsched.policy.attribution import explain_observation
 from dagsched.policy.explanation import (
     CORE_TARGETS,
     DEFAULT_STEPS,
@@ -14,7 +15,6 @@ from dagsched.policy.explanation import (
     TOLERANCE_REL,
     ExplainError,
 )
-from dagsched.sim.observation import CLUSTER_FEATURES, DAG_FEATURES, NODE_FEATURES
 
 
 @pytest.fixture(scope="module")

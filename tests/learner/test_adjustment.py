@@ -7,6 +7,8 @@ import math
 
 import numpy as np
 
+from dagsched.core.view import ClusterView
+from dagsched.core.workflow import TaskSpec, TaskType, Workflow
 from dagsched.learner.adjustment import (
     COVARIATES,
     MIN_SAMPLES,
@@ -16,8 +18,6 @@ from dagsched.learner.adjustment import (
     congestion,
     covariates,
 )
-from dagsched.sim.view import ClusterView
-from dagsched.sim.workflow import TaskSpec, TaskType, Workflow
 
 
 def _direct(y: dict[str, np.ndarray], x: dict[str, np.ndarray]) -> tuple[dict[str, tuple], float]:

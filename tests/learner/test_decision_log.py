@@ -11,8 +11,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from dagsched.daemon import batch_log
-from dagsched.daemon.batch_log import PolicyCall, snapshot
+from dagsched.core.observation import Observation, observe
+from dagsched.core.view import ClusterView, TaskView
+from dagsched.core.wire import to_message, to_workflow
+from dagsched.core.workflow import TaskSpec, TaskType, Workflow
+from dagsched.daemon import call_log
+from dagsched.daemon.call_log import PolicyCall, snapshot
 from dagsched.learner.decision_log import (
     DecisionLogError,
     batch_observations,
@@ -36,11 +40,8 @@ from dagsched.schemas.messages import (
 )
 from dagsched.sim.config import RewardWeights, ScenarioConfig
 from dagsched.sim.engine import Simulator
-from dagsched.sim.observation import Observation, observe
 from dagsched.sim.runner import make_policy, stream_workflows
-from dagsched.sim.view import ClusterView, TaskView, cluster_view, task_view
-from dagsched.sim.wire import to_message, to_workflow
-from dagsched.sim.workflow import TaskSpec, TaskType, Workflow
+from dagsched.sim.snapshot import cluster_view, task_view
 
 CHAMPION = Path(__file__).resolve().parents[2] / "models" / "champion"
 
@@ -181,10 +182,10 @@ def test_the_replay_check_samples_a_versions_calls_after_its_first(
         checked.append(tv)
         return observe(v, tv)
 
-    monkeypatch.setattr(batch_log, "observe", counted)
-    calls = batch_log.FULL_CHECKS + 3 * batch_log.SAMPLE_EVERY
+    monkeypatch.setattr(call_log, "observe", counted)
+    calls = call_log.FULL_CHECKS + 3 * call_log.SAMPLE_EVERY
     assert all(snapshot(right, view, tvs, "v-sampled") is not None for _ in range(calls))
-    assert len(checked) == batch_log.FULL_CHECKS + 3
+    assert len(checked) == call_log.FULL_CHECKS + 3
 
 
 def _logged(tv: TaskView, view: dict) -> LoggedTaskMsg:

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from dagsched.core.observation import observation_to_dict
 from dagsched.learner.curriculum import Curriculum
 from dagsched.learner.joining import Joined, OutcomeJoiner
 from dagsched.learner.online import FinetuneConfig, finetune_heads
@@ -23,7 +24,6 @@ from dagsched.schemas.messages import (
     WorkflowMsg,
 )
 from dagsched.sim.config import RewardWeights, ScenarioConfig
-from dagsched.sim.observation import observation_to_dict
 from dagsched.sim.reward import TaskOutcome, decision_reward
 
 

@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 
+from dagsched.core.observation import observation_to_dict, observe
+from dagsched.core.wire import to_message
 from dagsched.learner.joining import Joined, OutcomeJoiner
 from dagsched.schemas.messages import (
     DecisionLogMsg,
@@ -17,12 +19,11 @@ from dagsched.schemas.messages import (
     TaskStartedMsg,
 )
 from dagsched.sim.engine import Simulator
-from dagsched.sim.observation import observation_to_dict, observe
+from dagsched.sim.executor import end_message
 from dagsched.sim.reward import TaskOutcome
 from dagsched.sim.runner import generate_workflows, make_policy
-from dagsched.sim.state import TaskRun
-from dagsched.sim.view import cluster_view, task_view
-from dagsched.sim.wire import end_message, to_message
+from dagsched.sim.runs import TaskRun
+from dagsched.sim.snapshot import cluster_view, task_view
 from tests.sim.conftest import small_scenario
 
 

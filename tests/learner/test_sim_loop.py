@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from dagsched.learner.evaluation import Sample
+from dagsched.learner.live_ab import Sample
 from dagsched.learner.online import FinetuneConfig
 from dagsched.learner.sequential import Verdict
 from dagsched.learner.sim_loop import LoopConfig, SimLoop

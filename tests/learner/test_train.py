@@ -128,10 +128,10 @@ def test_a_short_run_on_a_tiny_faithful_world_improves_its_return() -> None:
     """Fixed seed: imitating heft_history and two PPO updates beat the untrained network
     (same normalizer) on a held-out episode of the same tiny faithful scenario. Without the
     finish prior, so that the network, not the HEFT-like prior, has to learn the placing."""
-    from dagsched.policy.api import SchedulerPolicy
     from dagsched.policy.model import ActorCritic, ModelConfig
     from dagsched.policy.scheduler import GNNScheduler
     from dagsched.sim.runner import simulate
+    from dagsched.sim.snapshot import SchedulerPolicy
 
     sc = replace(_scenario(), cluster=ScenarioConfig().cluster.scaled(8))
     torch.manual_seed(0)

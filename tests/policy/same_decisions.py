@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from dagsched.policy.api import Placement
+from dagsched.core.scheduler import Placement
 from dagsched.policy.lazy_observations import LazyObservations
 from dagsched.policy.scheduler import GNNScheduler
 

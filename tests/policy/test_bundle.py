@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import torch
 
-from dagsched.policy.api import SchedulerPolicy
 from dagsched.policy.bundle import (
     BundleError,
     load_bundle,
@@ -21,6 +20,7 @@ from dagsched.policy.model import ActorCritic
 from dagsched.policy.normalizer import FeatureNormalizer
 from dagsched.policy.scheduler import GNNScheduler
 from dagsched.sim.runner import simulate
+from dagsched.sim.snapshot import SchedulerPolicy
 from tests.sim.conftest import small_scenario
 
 

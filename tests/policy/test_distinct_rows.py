@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from dagsched.policy import fast_place
-from dagsched.policy.batch_observation import BatchObservation
 from dagsched.policy.bundle import load_bundle
 from dagsched.policy.distinct_rows import distinct_rows
+from dagsched.policy.vectorised_observation import BatchObservation
 from tests.policy.same_decisions import assert_compiled_decided_as
 from tests.policy.test_fast_exact import recorded_batch
 

@@ -10,15 +10,15 @@ import numpy as np
 import pytest
 import torch
 
-from dagsched.policy.batch_observation import in_edges
-from dagsched.policy.batching import collate_dags
+from dagsched.core.observation import dag_features
+from dagsched.core.view import TaskView
 from dagsched.policy.bundle import load_bundle
+from dagsched.policy.collate import collate_dags
 from dagsched.policy.model import ActorCritic
 from dagsched.policy.numpy_net import NumpyNet, batch_graph
+from dagsched.policy.vectorised_observation import in_edges
 from dagsched.sim.config import ScenarioConfig
-from dagsched.sim.observation import dag_features
 from dagsched.sim.runner import stream_workflows
-from dagsched.sim.view import TaskView
 
 CHAMPION = Path(__file__).resolve().parents[2] / "models" / "champion"
 

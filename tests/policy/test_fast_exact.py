@@ -22,20 +22,21 @@ import numpy as np
 import pytest
 import torch
 
-from dagsched.policy.batch_observation import DagCache
-from dagsched.policy.batching import collate
+from dagsched.core.bounds import MEM_BOUNDS
+from dagsched.core.history import FamilySummary
+from dagsched.core.observation import Observation, observe
+from dagsched.core.view import ClusterView, TaskView, map_stage
 from dagsched.policy.bundle import load_bundle
+from dagsched.policy.collate import collate
 from dagsched.policy.model import ActorCritic, ModelConfig, evaluate
 from dagsched.policy.normalizer import FeatureNormalizer
 from dagsched.policy.numpy_net import Encodings
 from dagsched.policy.scheduler import GNNScheduler
+from dagsched.policy.vectorised_observation import DagCache
 from dagsched.sim.config import FaultConfig, ScenarioConfig
 from dagsched.sim.engine import Simulator
-from dagsched.sim.history import FamilySummary
-from dagsched.sim.observation import Observation, observe
 from dagsched.sim.runner import make_policy, stream_workflows
-from dagsched.sim.state import MEM_BOUNDS
-from dagsched.sim.view import ClusterView, TaskView, cluster_view, map_stage, task_view
+from dagsched.sim.snapshot import cluster_view, task_view
 
 CHAMPION = Path(__file__).resolve().parents[2] / "models" / "champion"
 TOL = 1e-5

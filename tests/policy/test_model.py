@@ -7,15 +7,14 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from dagsched.policy.api import SchedulerPolicy
-from dagsched.policy.batching import collate
+from dagsched.core.observation import NODE_FEATURES, observe
+from dagsched.policy.collate import collate
 from dagsched.policy.model import ActorCritic, ModelConfig, act, evaluate
 from dagsched.policy.normalizer import FeatureNormalizer
 from dagsched.policy.scheduler import GNNScheduler
 from dagsched.sim.engine import Simulator
-from dagsched.sim.observation import NODE_FEATURES, observe
 from dagsched.sim.runner import generate_workflows, make_policy, simulate
-from dagsched.sim.view import cluster_view, task_view
+from dagsched.sim.snapshot import SchedulerPolicy, cluster_view, task_view
 from tests.sim.conftest import small_scenario
 
 

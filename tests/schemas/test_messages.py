@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from dagsched.core.wire import to_message, to_workflow
+from dagsched.core.workflow import WorkflowError
 from dagsched.schemas.messages import (
     BadMessage,
     DeadLetterMsg,
@@ -19,8 +21,6 @@ from dagsched.schemas.messages import (
     WorkflowMsg,
     decode,
 )
-from dagsched.sim.wire import to_message, to_workflow
-from dagsched.sim.workflow import WorkflowError
 
 EXAMPLES = [
     WorkflowMsg(

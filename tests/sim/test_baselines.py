@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from dagsched.core.bounds import CPU_BOUNDS, MEM_BOUNDS
 from dagsched.sim.config import ScenarioConfig
 from dagsched.sim.runner import simulate
-from dagsched.sim.state import CPU_BOUNDS, MEM_BOUNDS
 from tests.sim.conftest import small_scenario
 
 SEEDS = (0, 1, 2, 3)
@@ -58,9 +58,9 @@ def test_baselines_reserve_their_demand_clamped() -> None:
 
 def test_heft_prefers_fast_nodes_for_gpu_tasks() -> None:
     """HEFT is speed-aware: GPU tasks land on GPU nodes far more often than at random."""
+    from dagsched.core.workflow import TaskType
     from dagsched.sim.engine import Simulator
     from dagsched.sim.runner import generate_workflows, make_policy
-    from dagsched.sim.workflow import TaskType
 
     sc = small_scenario(nodes=16, workflows=40, node_failure_per_hour=0.0)
     share = {}

@@ -1,7 +1,7 @@
 import numpy as np
 
+from dagsched.core.workflow import TaskSpec, TaskType, Workflow
 from dagsched.sim.dags import drop_edges, layer_count, layer_widths, layered_dag
-from dagsched.sim.workflow import TaskSpec, TaskType, Workflow
 
 
 def _build(n, edges):

@@ -7,11 +7,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from dagsched.core.observation import NODE_FEATURES, observe
 from dagsched.sim.config import DriftConfig, FaultConfig
 from dagsched.sim.engine import Simulator
-from dagsched.sim.observation import NODE_FEATURES, observe
 from dagsched.sim.runner import generate_workflows, make_policy
-from dagsched.sim.view import cluster_view, task_view
+from dagsched.sim.snapshot import cluster_view, task_view
 from tests.sim.conftest import small_scenario
 
 

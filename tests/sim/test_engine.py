@@ -8,11 +8,11 @@ from dataclasses import replace
 
 import pytest
 
+from dagsched.core.workflow import TaskSpec, TaskType, Workflow
 from dagsched.sim.config import FaultConfig, ScenarioConfig
 from dagsched.sim.engine import PolicyError, Simulator
 from dagsched.sim.runner import POLICY_NAMES, generate_workflows, make_policy
-from dagsched.sim.state import Decision, TaskRun
-from dagsched.sim.workflow import TaskSpec, TaskType, Workflow
+from dagsched.sim.runs import Decision, TaskRun
 from tests.sim.conftest import small_scenario
 
 

@@ -8,7 +8,7 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 from dagsched.sim.gym_env import ENV_ID, ClusterEnv, register_env
-from dagsched.sim.state import TaskRun, TaskState
+from dagsched.sim.runs import TaskRun, TaskState
 
 
 def test_check_env_passes() -> None:

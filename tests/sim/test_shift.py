@@ -8,14 +8,14 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from dagsched.core.observation import CLUSTER_FEATURES, NODE_FEATURES, Observation, observe
 from dagsched.settings import load_settings
 from dagsched.sim.config import PRODUCTION_SHIFT, ScenarioConfig, ShiftConfig, TruthConfig
 from dagsched.sim.engine import AttemptRecord, Simulator
-from dagsched.sim.observation import CLUSTER_FEATURES, NODE_FEATURES, Observation, observe
 from dagsched.sim.runner import generate_workflows, make_policy
-from dagsched.sim.state import Decision, TaskRun
+from dagsched.sim.runs import Decision, TaskRun
+from dagsched.sim.snapshot import cluster_view, task_view
 from dagsched.sim.truth import HiddenTruth
-from dagsched.sim.view import cluster_view, task_view
 from tests.sim.conftest import small_scenario
 
 

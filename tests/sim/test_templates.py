@@ -2,8 +2,8 @@ import itertools
 
 import numpy as np
 
+from dagsched.core.workflow import TaskSpec, TaskType, Workflow
 from dagsched.sim.templates import TEMPLATES
-from dagsched.sim.workflow import TaskSpec, TaskType, Workflow
 
 NAMES = ("mapreduce", "spark_shuffle", "cicd_chain", "fork_join", "etl", "ml_training", "montage")
 

@@ -9,12 +9,12 @@ from itertools import pairwise
 import numpy as np
 import pytest
 
+from dagsched.core.workflow import TaskSpec, TaskType, Workflow
 from dagsched.sim.config import ScenarioConfig, TruthConfig, WorkloadConfig
 from dagsched.sim.engine import Simulator
 from dagsched.sim.runner import generate_workflows, make_policy, simulate
+from dagsched.sim.snapshot import cluster_view, task_view
 from dagsched.sim.truth import HiddenTruth
-from dagsched.sim.view import cluster_view, task_view
-from dagsched.sim.workflow import TaskSpec, TaskType, Workflow
 from tests.sim.conftest import small_scenario
 
 
@@ -175,8 +175,8 @@ def test_wfformat_tasks_recur_by_name_without_their_number() -> None:
 
 
 def test_the_wire_carries_the_family_and_defaults_it_to_the_name() -> None:
+    from dagsched.core.wire import to_message, to_workflow
     from dagsched.schemas.messages import TaskSpecMsg, WorkflowMsg
-    from dagsched.sim.wire import to_message, to_workflow
 
     wf = generate_workflows(small_scenario(workflows=2), 1)[0]
     back = to_workflow(to_message(wf), 100)

@@ -5,8 +5,8 @@ import pytest
 from wfcommons import WorkflowGenerator
 from wfcommons.wfchef.recipes import BlastRecipe
 
+from dagsched.core.workflow import TaskType, WorkflowError
 from dagsched.sim.wfformat import parse_wfformat, task_type_hint
-from dagsched.sim.workflow import TaskType, WorkflowError
 
 
 def _v15(version="1.5"):

@@ -4,8 +4,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from dagsched.core.workflow import TaskType, Workflow, critical_path_s
 from dagsched.sim.config import ClusterConfig, NodeGroup, WorkloadConfig
-from dagsched.sim.workflow import TaskType, Workflow, critical_path_s
 from dagsched.sim.workload import (
     RESERVATION_OVERHEAD,
     WorkloadGenerator,
@@ -150,8 +150,8 @@ def test_offered_load_is_work_at_the_fastest_kind_with_expected_real_use():
     """Hand-worked: a tiny CPU task still occupies 20% of a node (the memory floor), on the
     node kind that runs its type fastest; with hidden truth on, its expected real use and
     runtime count, not its declaration."""
+    from dagsched.core.workflow import TaskSpec
     from dagsched.sim.config import TruthConfig
-    from dagsched.sim.workflow import TaskSpec
 
     two = ClusterConfig(
         groups=(

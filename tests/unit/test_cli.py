@@ -248,7 +248,7 @@ def test_compare_writes_the_report(tmp_path):
 
 
 def test_parallel_grid_matches_serial():
-    from dagsched.cli.batch import run_grid
+    from dagsched.cli.sim_grid import run_grid
     from dagsched.sim.config import ScenarioConfig, WorkloadConfig
 
     scenario = ScenarioConfig(workload=WorkloadConfig(workflows=3))

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from dagsched.core.workflow import TaskSpec, TaskType, Workflow
 from dagsched.sim.engine import Simulator
-from dagsched.sim.state import Decision
-from dagsched.sim.view import cluster_view, task_view
-from dagsched.sim.workflow import TaskSpec, TaskType, Workflow
+from dagsched.sim.runs import Decision
+from dagsched.sim.snapshot import cluster_view, task_view
 from tests.sim.conftest import small_scenario
 
 

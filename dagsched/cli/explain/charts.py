@@ -1,7 +1,7 @@
 """Charts of `dagsched explain`: the per-decision heatmap and the per-version feature bars.
 
 Drawing only (matplotlib's object API on an Agg canvas, no pyplot state); the attributions
-come from `dagsched.policy.explain`, the types from `dagsched.policy.explanation`.
+come from `dagsched.policy.attribution`, the types from `dagsched.policy.explanation`.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from dagsched.core.observation import CLUSTER_FEATURES, DAG_FEATURES, NODE_FEATURES
 from dagsched.policy.explanation import Explanation
-from dagsched.sim.observation import CLUSTER_FEATURES, DAG_FEATURES, NODE_FEATURES
 
 
 def write_heatmap(path: Any, ex: Explanation, title: str = "") -> None:

@@ -15,12 +15,12 @@ from typing import Any
 import numpy as np
 import structlog
 
+from dagsched.core.observation import Observation, observe
+from dagsched.core.scheduler import Placement
+from dagsched.core.view import ClusterView, TaskView
 from dagsched.daemon import encoding
 from dagsched.learner.decision_log import encode_view, task_view_record
-from dagsched.policy.api import Placement
 from dagsched.schemas.messages import TaskReadyMsg
-from dagsched.sim.observation import Observation, observe
-from dagsched.sim.view import ClusterView, TaskView
 
 log = structlog.get_logger(__name__)
 

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from dagsched.sim.observation import Observation
+from dagsched.core.observation import Observation
 
 
 @dataclass

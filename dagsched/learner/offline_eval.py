@@ -14,12 +14,13 @@ from typing import Any
 
 import numpy as np
 
-from dagsched.policy.api import Scheduler, SchedulerPolicy
+from dagsched.core.scheduler import Scheduler
+from dagsched.core.workflow import Workflow
 from dagsched.sim.config import FaultConfig, ScenarioConfig
 from dagsched.sim.mcts import MCTSPolicy
 from dagsched.sim.runner import POLICY_NAMES, simulate
-from dagsched.sim.state import Policy
-from dagsched.sim.workflow import Workflow
+from dagsched.sim.runs import Policy
+from dagsched.sim.snapshot import SchedulerPolicy
 
 TIGHT_SLACK = (1.0, 1.5)
 HELD_OUT_SEED = 10_000  # training draws curriculum seeds far below this

@@ -14,7 +14,7 @@ slow as soon as its finished tasks show it.
 
 What history says of the task's family (`TaskView.history`: observed count, CPU use, memory
 peak and runtime ratio percentiles, OOM kills) enters as task context, with what it
-predicts: runtime, cores and memory (`sim.history.predicted_use`). The predicted request is
+predicts: runtime, cores and memory (`core.history.predicted_use`). The predicted request is
 also the continuous head's anchor, and the predicted finish time the finish prior's feature.
 Nothing here is hidden truth: a history comes from measured outcomes only.
 """
@@ -27,11 +27,11 @@ from typing import Any
 
 import numpy as np
 
-from dagsched.sim.estimates import transfers_s
-from dagsched.sim.history import VPA_MARGIN, FamilySummary, predicted_use
-from dagsched.sim.state import CPU_BOUNDS, MEM_BOUNDS
-from dagsched.sim.view import ClusterView, TaskView
-from dagsched.sim.workflow import TaskType, upward_rank
+from dagsched.core.bounds import CPU_BOUNDS, MEM_BOUNDS
+from dagsched.core.estimates import transfers_s
+from dagsched.core.history import VPA_MARGIN, FamilySummary, predicted_use
+from dagsched.core.view import ClusterView, TaskView
+from dagsched.core.workflow import TaskType, upward_rank
 
 GB = 1e9
 

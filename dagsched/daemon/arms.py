@@ -22,8 +22,8 @@ from collections.abc import Callable
 import redis.asyncio as aioredis
 import structlog
 
+from dagsched.core.scheduler import Scheduler
 from dagsched.daemon.metrics import DaemonMetrics
-from dagsched.policy.api import Scheduler
 from dagsched.policy.heuristic import LeastLoadedScheduler
 from dagsched.registry import serving
 from dagsched.registry.errors import RegistryError

@@ -10,15 +10,11 @@ from __future__ import annotations
 from enum import IntEnum
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
-from dagsched.sim.workflow import TaskSpec, Workflow, downward_finish_s, upward_rank
+from dagsched.core.bounds import RETRY_BOUNDS
+from dagsched.core.workflow import TaskSpec, Workflow, downward_finish_s, upward_rank
 
 if TYPE_CHECKING:
     from dagsched.sim.engine import Simulator
-
-CPU_BOUNDS = (0.1, 0.9)
-MEM_BOUNDS = (0.2, 0.8)
-RETRY_BOUNDS = (1, 5)
-
 
 class TaskState(IntEnum):
     """Where a task is in its life."""

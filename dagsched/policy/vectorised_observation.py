@@ -1,6 +1,6 @@
 """A batch's observations from one snapshot, in one vectorised pass, updated as it is placed.
 
-`observe(view, task)` (sim/observation.py) is the definition; this is the same arithmetic
+`observe(view, task)` (core/observation.py) is the definition; this is the same arithmetic
 over a [tasks, nodes] grid, so a batch of B tasks costs a few dozen numpy calls instead of B
 times ~50. What a placement changes - a node's free cores and memory, its queue - enters only
 the node features that read them (DYNAMIC) and four cluster aggregates; those are recomputed
@@ -21,8 +21,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from dagsched.sim.history import predicted_use
-from dagsched.sim.observation import (
+from dagsched.core.history import predicted_use
+from dagsched.core.observation import (
     DAG_FEATURES,
     GB,
     NODE_FEATURES,
@@ -36,8 +36,8 @@ from dagsched.sim.observation import (
     transfer_estimates_s,
     unit_anchor,
 )
-from dagsched.sim.view import ClusterView, TaskView
-from dagsched.sim.workflow import Workflow, upward_rank
+from dagsched.core.view import ClusterView, TaskView
+from dagsched.core.workflow import Workflow, upward_rank
 
 # the node features a placement can change (they read free cores, free memory or the queue)
 DYNAMIC: tuple[int, ...] = tuple(

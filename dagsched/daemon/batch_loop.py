@@ -26,13 +26,15 @@ from aiokafka.structs import ConsumerRecord
 from pydantic import ValidationError
 from redis.exceptions import RedisError
 
-from dagsched.daemon.batch_log import Logged
+from dagsched.core.wire import to_workflow
+from dagsched.core.workflow import Workflow, WorkflowError
+from dagsched.daemon.arms import Models
+from dagsched.daemon.call_log import Logged
 from dagsched.daemon.kafka import Output, produce_all
 from dagsched.daemon.metrics import DaemonMetrics
-from dagsched.daemon.models import Models
 from dagsched.daemon.placing import Hold, Placer
 from dagsched.daemon.redis_state import RedisState
-from dagsched.daemon.state import StateStore
+from dagsched.daemon.state_store import StateStore
 from dagsched.schemas.messages import (
     MAX_MESSAGE_BYTES,
     BadMessage,
@@ -43,8 +45,6 @@ from dagsched.schemas.messages import (
 )
 from dagsched.schemas.topics import ALLOWED_TYPES
 from dagsched.settings import Settings
-from dagsched.sim.wire import to_workflow
-from dagsched.sim.workflow import Workflow, WorkflowError
 
 log = structlog.get_logger(__name__)
 

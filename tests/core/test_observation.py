@@ -8,19 +8,19 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from dagsched.sim.engine import Simulator
-from dagsched.sim.estimates import transfer_to_all_s, transfers_s
-from dagsched.sim.history import FamilySummary
-from dagsched.sim.observation import (
+from dagsched.core.bounds import CPU_BOUNDS, MEM_BOUNDS
+from dagsched.core.estimates import transfer_to_all_s, transfers_s
+from dagsched.core.history import FamilySummary
+from dagsched.core.observation import (
     CLUSTER_FEATURES,
     NODE_FEATURES,
     observe,
     transfer_estimate_s,
     transfer_estimates_s,
 )
+from dagsched.sim.engine import Simulator
 from dagsched.sim.runner import generate_workflows, make_policy
-from dagsched.sim.state import CPU_BOUNDS, MEM_BOUNDS
-from dagsched.sim.view import cluster_view, task_view
+from dagsched.sim.snapshot import cluster_view, task_view
 from tests.sim.conftest import small_scenario
 
 C = {name: i for i, name in enumerate(CLUSTER_FEATURES)}

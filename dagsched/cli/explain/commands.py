@@ -2,7 +2,7 @@
 
 Reads the decision and its decision log (observation, action) that the daemon stored in Redis,
 reloads the model version that made it (registry, or `--model-dir` bundle), and attributes its
-outputs to named features with Captum's Integrated Gradients (`dagsched.policy.explain`).
+outputs to named features with Captum's Integrated Gradients (`dagsched.policy.attribution`).
 Runs offline, on demand: never on the daemon's hot path.
 
 This module holds the command and the one-decision flow (`--task-id`); its table is drawn by
@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from dagsched.cli.explain_sample import explain_sample
-from dagsched.cli.explain_sources import DecisionStore, ExplainFailed, Models, one_thread
-from dagsched.cli.explain_table import print_table
-from dagsched.cli.state import state
+from dagsched.cli.context import state
+from dagsched.cli.explain.sample import explain_sample
+from dagsched.cli.explain.sources import DecisionStore, ExplainFailed, Models, one_thread
+from dagsched.cli.explain.table import print_table
 from dagsched.schemas.messages import DecisionLogMsg
 
 if TYPE_CHECKING:
@@ -141,10 +141,10 @@ def _explain_one(
         _say_fallback(what, task_key, k, decision, log, as_json, png)
         return
 
-    from dagsched.cli.explain_charts import write_heatmap
-    from dagsched.policy.explain import explain_observation
+    from dagsched.cli.explain.charts import write_heatmap
+    from dagsched.core.observation import observation_from_dict
+    from dagsched.policy.attribution import explain_observation
     from dagsched.policy.explanation import CORE_TARGETS, ExplainError
-    from dagsched.sim.observation import observation_from_dict
 
     try:
         obs = observation_from_dict(log.observation)

@@ -1,23 +1,21 @@
 """Plain snapshots of what a scheduler may look at: the cluster's nodes and one ready task.
 
-The simulator builds them from its own state (`cluster_view`, `task_view`); the daemon builds
-the same types from live cluster state in Redis. Policies consume only these, so one encoder
+The simulator builds them from its own state (`sim.snapshot`); the daemon builds the same
+types from live cluster state in Redis. Policies consume only these, so one encoder
 serves both, and a model trained in simulation runs unchanged in production.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from dagsched.sim.history import FamilySummary, summarize
-from dagsched.sim.state import TaskRun, TaskState
-from dagsched.sim.workflow import TaskSpec, Workflow
+from dagsched.core.history import FamilySummary
+from dagsched.core.workflow import TaskSpec, Workflow
 
-if TYPE_CHECKING:
-    from dagsched.sim.engine import Simulator
+# node kinds, in the order `ClusterView.kind` indexes them
+NODE_KINDS: tuple[str, ...] = ("cpu", "gpu", "io", "mem")
 
 
 @dataclass(slots=True)
@@ -97,52 +95,6 @@ class TaskView:
     @property
     def key(self) -> str:
         return f"{self.workflow.id}/{self.idx}"
-
-
-def cluster_view(sim: Simulator) -> ClusterView:
-    """The simulator's cluster now, as a `ClusterView`."""
-    c, now = sim.cluster, sim.now
-    return ClusterView(
-        now=now,
-        node_ids=[f"node-{i:04d}" for i in range(c.n)],
-        kind=c.kind_idx.copy(),
-        zone=np.array([x.zone for x in c.nodes]),
-        cores=c.cores,
-        mem_gb=c.mem_gb,
-        gpu_mem_gb=c.gpu_mem_gb,
-        net_gbps=c.net_gbps,
-        speed=c.speed,
-        alive=np.array(c.alive, dtype=bool),
-        free_cores=np.array(c.free_cores),
-        free_mem=np.array(c.free_mem),
-        queue_len=np.array(c.queue_len, dtype=float),
-        queued_core_s=np.array(c.queued_core_s),
-        net_in_bytes=np.array([c.net_in_bytes(i, now) for i in range(c.n)]),
-        failure_rate=np.array([c.failure_rate(i, now) for i in range(c.n)]),
-        slowdown=np.array(c.observed_slowdown),
-        used_cores=np.array([u[0] for u in sim.node_use]),
-        used_mem=np.array([u[1] for u in sim.node_use]),
-    )
-
-
-def task_view(t: TaskRun, sim: Simulator | None = None) -> TaskView:
-    """A ready task of the simulator as a `TaskView`, with its family's history from `sim`
-    (none without it)."""
-    run = t.run
-    states = np.array([x.state for x in run.tasks])
-    return TaskView(
-        workflow=run.wf,
-        idx=t.idx,
-        attempt=t.attempt,
-        done=states == TaskState.DONE,
-        active=(states == TaskState.READY)
-        | (states == TaskState.QUEUED)
-        | (states == TaskState.RUNNING),
-        parent_nodes=[run.tasks[p].node for p in run.wf.parents[t.idx]],
-        prev_node=t.prev_node,
-        sub_deadline_s=run.sub_deadline_s(t.idx),
-        history=summarize(sim.history.get(t.spec.family)) if sim is not None else None,
-    )
 
 
 def map_stage(proto: TaskSpec, width: int, now: float) -> list[TaskView]:

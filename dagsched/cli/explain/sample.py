@@ -10,8 +10,8 @@ from pathlib import Path
 import typer
 
 from dagsched.cli.console import progress_bar, stderr_is_tty
-from dagsched.cli.explain_report import SUMMARY_TARGETS, write_report
-from dagsched.cli.explain_sources import DecisionStore, Models, one_thread
+from dagsched.cli.explain.report import SUMMARY_TARGETS, write_report
+from dagsched.cli.explain.sources import DecisionStore, Models, one_thread
 from dagsched.registry.errors import RegistryError
 from dagsched.schemas.messages import DecisionLogMsg
 
@@ -27,9 +27,9 @@ def explain_sample(
 ) -> None:
     """Explain the `n` most recent decisions with the versions that made them; write the
     mean attributions per version as the report in `out` and say what was written."""
-    from dagsched.policy.explain import explain_observation
+    from dagsched.core.observation import observation_from_dict
+    from dagsched.policy.attribution import explain_observation
     from dagsched.policy.explanation import CORE_TARGETS, ExplainError
-    from dagsched.sim.observation import observation_from_dict
 
     logs, stored, unreadable = store.recent_logs(n)
     by_version: dict[str, list[DecisionLogMsg]] = defaultdict(list)

@@ -19,10 +19,10 @@ import numpy as np
 import structlog
 from redis.exceptions import RedisError
 
+from dagsched.core.history import FamilySummary, summarize
+from dagsched.core.view import ClusterView
+from dagsched.core.workflow import Workflow
 from dagsched.daemon.redis_state import Progress, RedisState, Reservation
-from dagsched.sim.history import FamilySummary, summarize
-from dagsched.sim.view import ClusterView
-from dagsched.sim.workflow import Workflow
 
 log = structlog.get_logger(__name__)
 

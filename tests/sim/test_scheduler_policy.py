@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from dagsched.policy.api import SchedulerPolicy
 from dagsched.policy.heuristic import LeastLoadedScheduler
 from dagsched.sim.runner import simulate
+from dagsched.sim.snapshot import SchedulerPolicy
 from tests.sim.conftest import small_scenario
 
 

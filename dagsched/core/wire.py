@@ -1,13 +1,9 @@
-"""Wire messages <-> simulator types (workflows, ended attempts), shared by the daemon, the
-replay and the online learner (here, so that the learner need not import the daemon)."""
+"""Workflow messages <-> `Workflow`, shared by the daemon, the replay and the online learner."""
 
 from __future__ import annotations
 
-from typing import Any, Literal, cast
-
-from dagsched.schemas.messages import TaskFailedMsg, TaskFinishedMsg, TaskSpecMsg, WorkflowMsg
-from dagsched.sim.attempts import AttemptRecord
-from dagsched.sim.workflow import TASK_TYPE_NAMES, TaskSpec, TaskType, Workflow, WorkflowError
+from dagsched.core.workflow import TASK_TYPE_NAMES, TaskSpec, TaskType, Workflow, WorkflowError
+from dagsched.schemas.messages import TaskSpecMsg, WorkflowMsg
 
 
 def to_workflow(msg: WorkflowMsg, max_tasks: int) -> Workflow:
@@ -62,32 +58,4 @@ def to_message(wf: Workflow) -> WorkflowMsg:
         edges=wf.edges,
         deadline_s=wf.deadline_s,
         arrival_s=wf.arrival_s,
-    )
-
-
-_FAILURE_REASONS = ("oom", "node_down", "cancelled")
-
-
-def end_message(
-    r: AttemptRecord, node: str, attempt: int | None = None
-) -> TaskFinishedMsg | TaskFailedMsg:
-    """The end event a node agent reports for an ended attempt: what it measured of it
-    (core-seconds, peak memory, compute and input-wait seconds), never the hidden truth.
-    `attempt` renumbers it (the job queue's numbering), else the simulator's is kept."""
-    common: dict[str, Any] = {
-        "workflow_id": r.wf_id,
-        "task": r.idx,
-        "attempt": r.attempt if attempt is None else attempt,
-        "node": node,
-        "at": r.end_s,
-        "cpu_core_s": r.cpu_core_s,
-        "peak_mem_gb": r.peak_mem_gb,
-        "runtime_s": r.runtime_s,
-        "transfer_s": r.transfer_s,
-    }
-    if r.outcome == "done":
-        return TaskFinishedMsg(**common)
-    reason = r.outcome if r.outcome in _FAILURE_REASONS else "transient"
-    return TaskFailedMsg(
-        **common, reason=cast(Literal["oom", "transient", "node_down", "cancelled"], reason)
     )

@@ -56,7 +56,7 @@ def write_report(
 ) -> dict[str, Any]:
     """Write explain.md (and a chart per version) into `out`; return the JSON summary
     (also written as explain.json)."""
-    from dagsched.cli.explain_charts import write_bars
+    from dagsched.cli.explain.charts import write_bars
     from dagsched.policy.explanation import BASELINE, METHOD, TOLERANCE_ABS, TOLERANCE_REL
 
     lines = ["# Why the scheduler decides what it decides", ""]

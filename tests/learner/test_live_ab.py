@@ -10,8 +10,8 @@ import pytest
 
 from dagsched.learner.adjustment import congestion, covariates
 from dagsched.learner.decision_log import batch_message, encode_view
-from dagsched.learner.evaluation import GUARDRAIL_MIN_SAMPLES, Judge, Sample, WorkflowOutcomes
 from dagsched.learner.joining import Joined, OutcomeJoiner
+from dagsched.learner.live_ab import GUARDRAIL_MIN_SAMPLES, Judge, Sample, WorkflowOutcomes
 from dagsched.learner.sequential import DecisionRule
 from dagsched.schemas.messages import DecisionBatchMsg, LoggedTaskMsg, TaskSpecMsg, WorkflowMsg
 from dagsched.sim.config import RewardWeights

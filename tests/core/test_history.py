@@ -7,11 +7,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from dagsched.core.estimates import raised_prediction_s
+from dagsched.core.history import HALF_LIFE_S, DecayingHistogram, History, Measured
 from dagsched.sim.baselines import history_request
 from dagsched.sim.config import ScenarioConfig, TruthConfig
 from dagsched.sim.engine import Simulator
-from dagsched.sim.estimates import raised_prediction_s
-from dagsched.sim.history import HALF_LIFE_S, DecayingHistogram, History, Measured
 from dagsched.sim.reward import COMPLETION_SCALE_S, reward_terms
 from dagsched.sim.runner import generate_workflows, make_policy, simulate
 from tests.sim.conftest import small_scenario

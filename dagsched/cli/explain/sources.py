@@ -19,9 +19,9 @@ from dagsched.schemas.messages import DecisionLogMsg
 from dagsched.settings import Settings
 
 if TYPE_CHECKING:
+    from dagsched.core.workflow import Workflow
     from dagsched.learner.decision_log import LoggedDecision
     from dagsched.policy.scheduler import GNNScheduler
-    from dagsched.sim.workflow import Workflow
 
 _GLOB = re.compile(r"([*?\[\]\\])")
 _DECIDED_AT = re.compile(rb'"decided_at":\s*([0-9.eE+-]+)')
@@ -147,8 +147,8 @@ class DecisionStore:
 
     def workflows(self, ids: set[str]) -> dict[str, Workflow]:
         """The stored workflows among `ids` (to replay observations with)."""
+        from dagsched.core.wire import to_workflow
         from dagsched.schemas.messages import WorkflowMsg
-        from dagsched.sim.wire import to_workflow
 
         order = sorted(ids)
         raws = self._call(self.redis.mget, [f"{self.prefix}wf:{i}" for i in order]) if ids else []

@@ -1,0 +1,82 @@
+"""What a scheduler sees of the simulator, and a scheduler run inside it.
+
+`cluster_view` and `task_view` build the plain views of `core.view` from the simulator's own
+state, as the daemon builds them from Redis; `SchedulerPolicy` adapts any `Scheduler` to the
+simulator's `Policy` protocol, so a model is evaluated in simulation through exactly the code
+path the daemon serves it with.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from dagsched.core.history import summarize
+from dagsched.core.scheduler import Scheduler
+from dagsched.core.view import ClusterView, TaskView
+from dagsched.sim.runs import Decision, TaskRun, TaskState
+
+if TYPE_CHECKING:
+    from dagsched.sim.engine import Simulator
+
+
+def cluster_view(sim: Simulator) -> ClusterView:
+    """The simulator's cluster now, as a `ClusterView`."""
+    c, now = sim.cluster, sim.now
+    return ClusterView(
+        now=now,
+        node_ids=[f"node-{i:04d}" for i in range(c.n)],
+        kind=c.kind_idx.copy(),
+        zone=np.array([x.zone for x in c.nodes]),
+        cores=c.cores,
+        mem_gb=c.mem_gb,
+        gpu_mem_gb=c.gpu_mem_gb,
+        net_gbps=c.net_gbps,
+        speed=c.speed,
+        alive=np.array(c.alive, dtype=bool),
+        free_cores=np.array(c.free_cores),
+        free_mem=np.array(c.free_mem),
+        queue_len=np.array(c.queue_len, dtype=float),
+        queued_core_s=np.array(c.queued_core_s),
+        net_in_bytes=np.array([c.net_in_bytes(i, now) for i in range(c.n)]),
+        failure_rate=np.array([c.failure_rate(i, now) for i in range(c.n)]),
+        slowdown=np.array(c.observed_slowdown),
+        used_cores=np.array([u[0] for u in sim.node_use]),
+        used_mem=np.array([u[1] for u in sim.node_use]),
+    )
+
+
+def task_view(t: TaskRun, sim: Simulator | None = None) -> TaskView:
+    """A ready task of the simulator as a `TaskView`, with its family's history from `sim`
+    (none without it)."""
+    run = t.run
+    states = np.array([x.state for x in run.tasks])
+    return TaskView(
+        workflow=run.wf,
+        idx=t.idx,
+        attempt=t.attempt,
+        done=states == TaskState.DONE,
+        active=(states == TaskState.READY)
+        | (states == TaskState.QUEUED)
+        | (states == TaskState.RUNNING),
+        parent_nodes=[run.tasks[p].node for p in run.wf.parents[t.idx]],
+        prev_node=t.prev_node,
+        sub_deadline_s=run.sub_deadline_s(t.idx),
+        history=summarize(sim.history.get(t.spec.family)) if sim is not None else None,
+    )
+
+
+class SchedulerPolicy:
+    """Run a `Scheduler` inside the simulator."""
+
+    def __init__(self, scheduler: Scheduler, name: str | None = None) -> None:
+        self.scheduler = scheduler
+        self.name = name or scheduler.version
+
+    def decide(self, sim: Simulator, ready: list[TaskRun]) -> list[Decision]:
+        placements = self.scheduler.place(cluster_view(sim), [task_view(t, sim) for t in ready])
+        return [
+            Decision(t, p.node, p.cpu, p.mem, p.max_retries)
+            for t, p in zip(ready, placements, strict=True)
+        ]
