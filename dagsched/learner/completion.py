@@ -1,6 +1,6 @@
 """The reward's completion term, rebuilt from the event stream as the simulator computes it.
 
-`Simulator._credit`: the decisions of one instant share equally the workflow-seconds spent
+`AttemptLedger.credit`: the decisions of one instant share equally the workflow-seconds spent
 in the system since the previous instant with decisions, plus, for each workflow that
 failed meanwhile, the time left to its deadline. Here the instants are the job-queue times
 of `task_ready` messages (a task is decided at the instant it becomes ready), workflows

@@ -2,12 +2,12 @@
 of it when it ends (`AttemptRecord`, the attempt log), its reward, and the completion term
 handed to decisions.
 
-`AttemptAccounting` is a base class of `Simulator` (`sim.engine`), which sets up the state
-declared here; it is kept apart from the engine so that an attempt's accounting reads in one
-place. An attempt is counted in when it starts (`_hold`) and out when it ends
-(`_end_attempt`, which releases its reservation and logs what it used); `_outcome` turns the
-ended attempt into a `TaskOutcome` and its reward for `on_outcome`, with the share of
-workflow-seconds its decision was credited (`_credit`, `_settle`).
+`AttemptLedger` is a collaborator the engine holds, as decima-sim's environment holds its
+reward calculator: it owns the attempt log, the outcome hook and the completion term's
+running sums. An attempt is counted in when it starts (`hold`) and out when it ends (`end`,
+which releases its reservation and logs what it used); `outcome` turns the ended attempt into
+a `TaskOutcome` and its reward for `on_outcome`, with the share of workflow-seconds its
+decision was credited (`credit`).
 """
 
 from __future__ import annotations
@@ -45,38 +45,50 @@ class AttemptRecord(NamedTuple):
     transfer_s: float  # measured: seconds waiting for inputs
 
 
-class AttemptAccounting:
-    """Counts attempts in and out and rewards their decisions; a base of `Simulator`."""
+class AttemptLedger:
+    """Counts attempts in and out and rewards their decisions."""
 
-    # set up by `Simulator.__init__`
-    cluster: Cluster
-    metrics: Metrics
-    usage: UsageMeter
-    weights: RewardWeights
-    now: float
-    on_outcome: OutcomeHook | None
-    log: list[AttemptRecord] | None
-    _credited_wf_s: float  # workflow-seconds handed to decisions so far
-    _charged_wf_s: float  # failed workflows' remaining time, for the next decision
-    _instant_s: float  # the latest instant with decisions ...
-    _instant: list[TaskRun]  # ... its decisions so far ...
-    _pool: float  # ... and the workflow-seconds they share
+    def __init__(
+        self,
+        cluster: Cluster,
+        metrics: Metrics,
+        usage: UsageMeter,
+        weights: RewardWeights,
+        *,
+        on_outcome: OutcomeHook | None = None,
+        keep_log: bool = False,
+    ) -> None:
+        self.cluster = cluster
+        self.metrics = metrics
+        self.usage = usage
+        self.weights = weights
+        self.on_outcome = on_outcome
+        self.log: list[AttemptRecord] | None = [] if keep_log else None
+        self._credited_wf_s = 0.0  # workflow-seconds handed to decisions so far
+        self._charged_wf_s = 0.0  # failed workflows' remaining time, for the next decision
+        self._instant_s = -1.0  # the latest instant with decisions ...
+        self._instant: list[TaskRun] = []  # ... its decisions so far ...
+        self._pool = 0.0  # ... and the workflow-seconds they share
 
     # -- the completion term ------------------------------------------------------------------
 
-    def _credit(self, t: TaskRun) -> None:
+    def credit(self, t: TaskRun, now: float) -> None:
         """A decision now. The decisions of one instant share, equally, the time workflows
         spent in the system since the previous instant with decisions, plus the charges of
         workflows that failed meanwhile; equal shares make it independent of the order the
         batch is placed in, so the online learner can rebuild it from events. (A task
         requeued before it started keeps its earlier decision's share: they add up.)"""
-        if self.now != self._instant_s:
+        if now != self._instant_s:
             self._settle()
-            self._instant_s = self.now
-            now_wf_s = self.metrics.wf_seconds(self.now)
+            self._instant_s = now
+            now_wf_s = self.metrics.wf_seconds(now)
             self._pool = now_wf_s - self._credited_wf_s + self._charged_wf_s
             self._credited_wf_s, self._charged_wf_s = now_wf_s, 0.0
         self._instant.append(t)
+
+    def charge(self, wf_s: float) -> None:
+        """A failed workflow's remaining time, handed to the next instant's decisions."""
+        self._charged_wf_s += wf_s
 
     def _settle(self) -> None:
         """Hand the current instant's pool to its decisions."""
@@ -88,18 +100,18 @@ class AttemptAccounting:
 
     # -- an attempt's use ---------------------------------------------------------------------
 
-    def _hold(self, t: TaskRun, sign: float) -> None:
+    def hold(self, t: TaskRun, sign: float, now: float) -> None:
         """Count an attempt's reservation and real use in (sign 1) or out (sign -1)."""
         use_c = t.use_cores if t.use_cores < t.res_cores else t.res_cores
         use_m = 0.5 * (t.peak_mem if t.peak_mem < t.res_mem else t.res_mem)  # mean of a ramp
-        self.usage.hold(t.node, t.res_cores, t.res_mem, use_c, use_m, sign, self.now)
+        self.usage.hold(t.node, t.res_cores, t.res_mem, use_c, use_m, sign, now)
 
-    def _end_attempt(self, t: TaskRun, outcome: str) -> tuple[float, float, float]:
+    def end(self, t: TaskRun, outcome: str, now: float) -> tuple[float, float, float]:
         """Release the reservation and account its cost and use; the attempt ends now.
         Returns what was measured: (core-seconds used, peak memory GB, compute seconds)."""
-        c, node, now = self.cluster, t.node, self.now
+        c, node = self.cluster, t.node
         c.release(node, t.res_cores, t.res_mem)
-        self._hold(t, -1.0)
+        self.hold(t, -1.0, now)
         c.running[node].discard(t)
         t.token += 1
         t.end_s = now
@@ -137,11 +149,11 @@ class AttemptAccounting:
             )
         return used, peak, computed
 
-    def _outcome(self, t: TaskRun, failed: bool) -> None:
+    def outcome(self, t: TaskRun, failed: bool, now: float) -> None:
         """The attempt's reward, emitted to `on_outcome`."""
         if self._instant:
             self._settle()
-        run, c, node, now = t.run, self.cluster, t.node, self.now
+        run, c, node = t.run, self.cluster, t.node
         late = 0.0 if failed else max(0.0, now - run.sub_deadline_s(t.idx))
         cores, spec = c.cores_list[node], t.spec
         o = TaskOutcome(

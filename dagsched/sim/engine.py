@@ -20,10 +20,11 @@ an attempt measurably used (core-seconds, peak memory, compute seconds) is recor
 `history` and in the attempt log, as a node agent would report it. Completed outputs are
 assumed durable: a node failure loses running attempts, not finished outputs.
 
-Failures, node crashes and repairs, the drift and the shift (`drift()`, `shift()`) are played
-by `sim.faults`; an attempt's accounting (the attempt log `AttemptRecord`, its reward, the
-completion term) by `sim.attempts`. Both are base classes of `Simulator`: this module holds
-the run itself (events, arrivals, placement, starts, queues, finishes).
+The engine holds its collaborators, each owning its state: the fault model (`sim.faults`:
+when nodes crash and come back, the drift and the shift in effect), the attempt ledger
+(`sim.attempts`: the attempt log `AttemptRecord`, each decision's reward, the completion
+term) and the usage meter (`sim.usage`). This module holds the run itself: events, arrivals,
+placement, starts, queues, finishes and failures.
 """
 
 from __future__ import annotations
@@ -40,11 +41,11 @@ import numpy as np
 from dagsched.core.bounds import clamp_placement
 from dagsched.core.history import History, measured_ratios
 from dagsched.core.workflow import Workflow
-from dagsched.sim.attempts import AttemptRecord, OutcomeHook  # AttemptRecord: re-exported
+from dagsched.sim.attempts import AttemptLedger, AttemptRecord, OutcomeHook
 from dagsched.sim.cluster import SLOWDOWN_WEIGHT, Cluster
-from dagsched.sim.config import ScenarioConfig, ShiftConfig
+from dagsched.sim.config import DriftConfig, ScenarioConfig, ShiftConfig
 from dagsched.sim.events import ARRIVAL, DRIFT, FAIL, FINISH, NODE_DOWN, NODE_UP, SHIFT
-from dagsched.sim.faults import FaultHandling
+from dagsched.sim.faults import Event, FaultModel
 from dagsched.sim.metrics import Metrics
 from dagsched.sim.reward import jain_with
 from dagsched.sim.runs import Decision, FailureKind, Policy, TaskRun, TaskState, WorkflowRun
@@ -64,7 +65,7 @@ class PolicyError(RuntimeError):
 _heappush, _heappop = heapq.heappush, heapq.heappop
 
 
-class Simulator(FaultHandling):
+class Simulator:
     """Plays workflows on a cluster. Drive it with `run(policy)` or `advance()`/`apply()`."""
 
     def __init__(
@@ -77,7 +78,7 @@ class Simulator(FaultHandling):
         keep_log: bool = False,
     ) -> None:
         streams = np.random.SeedSequence(seed).spawn(4)
-        cluster_rng, self._fault_rng, task_rng, self._truth_rng = (
+        cluster_rng, fault_rng, task_rng, self._truth_rng = (
             np.random.default_rng(s) for s in streams
         )
         # Per-attempt draws use the stdlib generator (seeded from the run's SeedSequence):
@@ -94,14 +95,16 @@ class Simulator(FaultHandling):
         self.weights = scenario.reward
         self.truth = HiddenTruth(scenario.truth, seed)  # only the engine reads it
         self.history = History()  # what has been measured: policies may read it
-        self._credited_wf_s = 0.0  # workflow-seconds handed to decisions so far
-        self._charged_wf_s = 0.0  # failed workflows' remaining time, for the next decision
-        self._instant_s = -1.0  # the latest instant with decisions ...
-        self._instant: list[TaskRun] = []  # ... its decisions so far ...
-        self._pool = 0.0  # ... and the workflow-seconds they share
+        self.ledger = AttemptLedger(
+            self.cluster,
+            self.metrics,
+            self.usage,
+            self.weights,
+            on_outcome=on_outcome,
+            keep_log=keep_log,
+        )
+        self.faults = FaultModel(scenario.faults, self.cluster, fault_rng)
         self.now = 0.0
-        self.on_outcome = on_outcome
-        self.log: list[AttemptRecord] | None = [] if keep_log else None
         self.active: dict[str, WorkflowRun] = {}
         self._heap: list[tuple[float, int, int, Any, int]] = []
         self._seq = itertools.count()
@@ -110,21 +113,39 @@ class Simulator(FaultHandling):
         self._arrivals: Iterator[Workflow] = iter(workflows)
         self._arrivals_done = False
         self._last_arrival = 0.0
-        self._up_since = [0.0] * self.cluster.n
-        rate_s = scenario.faults.node_failure_per_hour / 3600.0
-        self._fail_rate_s = [rate_s] * self.cluster.n  # per node: a drift raises some
-        self._fault_token = [0] * self.cluster.n  # invalidates a node's pending crash on drift
         for node in range(self.cluster.n):
-            self._schedule_crash(node)
+            self._push_event(self.faults.crash(node, 0.0))
         if scenario.drift is not None:
             self._push(scenario.drift.at_s, DRIFT, scenario.drift)
-        self.drifted_at: float | None = None
-        self._shift: ShiftConfig | None = None  # the shift in effect (hidden from policies)
-        self._mem_spread = 1.0
         if scenario.shift is not None:
             self._push(scenario.shift.at_s, SHIFT, scenario.shift)
-        self.shifted_at: float | None = None
         self._next_arrival()
+
+    # -- what the collaborators hold ----------------------------------------------------------
+
+    @property
+    def on_outcome(self) -> OutcomeHook | None:
+        """Called once per decided attempt when it ends: (task, outcome, reward)."""
+        return self.ledger.on_outcome
+
+    @on_outcome.setter
+    def on_outcome(self, hook: OutcomeHook | None) -> None:
+        self.ledger.on_outcome = hook
+
+    @property
+    def log(self) -> list[AttemptRecord] | None:
+        """The attempt log (with `keep_log`), oldest first."""
+        return self.ledger.log
+
+    @property
+    def drifted_at(self) -> float | None:
+        """When the drift was applied (None if it has not been)."""
+        return self.faults.drifted_at
+
+    @property
+    def shifted_at(self) -> float | None:
+        """When the shift was switched on (None if it has not been)."""
+        return self.faults.shifted_at
 
     # -- driving ------------------------------------------------------------------------------
 
@@ -191,12 +212,13 @@ class Simulator(FaultHandling):
             memo[id(run.wf)] = run.wf
         for shared in (self.cluster.network, self.cluster.nodes, self.scenario, self.weights):
             memo[id(shared)] = shared
-        hook, log = self.on_outcome, self.log
-        self.on_outcome, self.log = None, None
+        ledger = self.ledger
+        hook, log = ledger.on_outcome, ledger.log
+        ledger.on_outcome, ledger.log = None, None
         try:
             clone = copy.deepcopy(self, memo)
         finally:
-            self.on_outcome, self.log = hook, log
+            ledger.on_outcome, ledger.log = hook, log
         # deepcopy keeps a bound builtin method as is: rebind to the copy's own generator, or
         # the fork's rollouts would consume the real run's draws
         clone._u = clone._random.random
@@ -205,11 +227,7 @@ class Simulator(FaultHandling):
     def summary(self) -> dict[str, Any]:
         """Metrics so far, plus the measured node failure rate."""
         out = self.metrics.summary(self.usage.shares())
-        up = self.metrics.node_up_s + sum(
-            self.now - since
-            for since, ok in zip(self._up_since, self.cluster.alive, strict=True)
-            if ok
-        )
+        up = self.metrics.node_up_s + self.faults.up_seconds(self.now)
         out["node_hours"] = up / 3600.0
         out["sim_time_s"] = self.now
         return out
@@ -218,6 +236,11 @@ class Simulator(FaultHandling):
 
     def _push(self, at: float, kind: int, obj: Any, token: int = 0) -> None:
         _heappush(self._heap, (at, next(self._seq), kind, obj, token))
+
+    def _push_event(self, event: Event | None) -> None:
+        if event is not None:
+            at, kind, obj, token = event
+            _heappush(self._heap, (at, next(self._seq), kind, obj, token))
 
     def _handle(self, kind: int, obj: Any, token: int) -> None:
         if kind == FINISH:
@@ -230,7 +253,7 @@ class Simulator(FaultHandling):
             if task.token == token and task.state == _RUNNING:
                 self._fail(task, why)
         elif kind == NODE_DOWN:
-            if token == self._fault_token[obj]:
+            if self.faults.is_current(obj, token):
                 self._node_down(obj)
         elif kind == NODE_UP:
             self._node_up(obj)
@@ -260,7 +283,7 @@ class Simulator(FaultHandling):
             m.first_arrival = self.now
             self.usage.start(self.now)
         m.enter(self.now)
-        ratios = self.truth.draw(wf, self._truth_rng, self._mem_spread).tolist()
+        ratios = self.truth.draw(wf, self._truth_rng, self.faults.mem_spread).tolist()
         for t, (cpu, mem, rt) in zip(run.tasks, ratios, strict=True):
             t.use_cores = t.spec.cpu_cores * cpu
             t.peak_mem = t.spec.mem_gb * mem
@@ -291,7 +314,7 @@ class Simulator(FaultHandling):
         t.res_mem = res_mem = mem * c.mem_list[node]
         old = 1.0 - c.free_cores[node] / c.cores_list[node]
         t.decided_jain = jain_with(c._sum_x, c._sum_x2, c.n, old, old + cpu)
-        self._credit(t)
+        self.ledger.credit(t, self.now)
         m = self.metrics
         m.decisions += 1
         if t.prev_node >= 0 and t.prev_node != node:
@@ -310,7 +333,7 @@ class Simulator(FaultHandling):
     def _start(self, t: TaskRun) -> None:
         c, node, now, spec = self.cluster, t.node, self.now, t.spec
         c.reserve(node, t.res_cores, t.res_mem)
-        self._hold(t, 1.0)
+        self.ledger.hold(t, 1.0, now)
         c.running[node].add(t)
         t.state = _RUNNING
         t.start_s = now
@@ -339,9 +362,9 @@ class Simulator(FaultHandling):
         actual = t.true_s / speed * c.slowdown[node]
         t.compute_s = actual * throttle if throttle > 1 else actual
         t.compute_start_s = now + xfer + spec.cold_start_s
-        if self._shift is not None:
+        if (shift := self.faults.shift) is not None:
             own = t.use_cores if t.use_cores < t.res_cores else t.res_cores
-            shifted_start(self._shift, t, self.node_use[node][0] - own, c.cores_list[node])
+            shifted_start(shift, t, self.node_use[node][0] - own, c.cores_list[node])
         if t.res_mem < t.peak_mem:  # memory grows with progress until it crosses the limit
             at = t.compute_start_s + t.compute_s * t.res_mem / t.peak_mem
             self._push(at, FAIL, (t, _OOM), t.token)
@@ -370,15 +393,15 @@ class Simulator(FaultHandling):
             q.clear()
             q.extend(waiting)
 
-    # -- finishes (failures are in sim.faults) ------------------------------------------------
+    # -- finishes -----------------------------------------------------------------------------
 
     def _finish(self, t: TaskRun) -> None:
         # the node's measured slowdown moves towards this task's observed / advertised time
         seen, node = self.cluster.observed_slowdown, t.node
         ratio = (self.now - t.compute_start_s) / t.advertised_s
         seen[node] += SLOWDOWN_WEIGHT * (ratio - seen[node])
-        self._outcome(t, failed=False)
-        used, peak, computed = self._end_attempt(t, "done")
+        self.ledger.outcome(t, False, self.now)
+        used, peak, computed = self.ledger.end(t, "done", self.now)
         spec = t.spec
         self.history.finished(
             spec.family,
@@ -408,3 +431,97 @@ class Simulator(FaultHandling):
             self.usage.mark_warm(self.now)
             run.tasks = []  # break the run <-> task cycle: freed now, not at the next full GC
         self._drain(t.node)
+
+    # -- failed attempts and workflows --------------------------------------------------------
+
+    def _fail(self, t: TaskRun, why: FailureKind) -> None:
+        now, ledger = self.now, self.ledger
+        ledger.outcome(t, True, now)
+        ledger.end(t, why.name.lower(), now)
+        node = t.node
+        self.metrics.task_failures += 1
+        if why == _OOM:
+            self.metrics.oom_kills += 1
+            self.history.oom(t.spec.family, t.res_mem / t.spec.mem_gb, now)
+        self.cluster.record_failure(node, now)
+        t.after_oom = why == _OOM
+        t.failures += 1
+        if t.failures > t.max_retries:
+            t.state = _CANCELLED
+            self._fail_workflow(t.run)
+        else:
+            t.prev_node = node
+            t.attempt += 1
+            self._make_ready(t)
+        self._drain(node)
+
+    def _fail_workflow(self, run: WorkflowRun) -> None:
+        """Out of retries: cancel everything of the workflow that is still going."""
+        c, now, ledger = self.cluster, self.now, self.ledger
+        run.failed = True
+        del self.active[run.wf.id]
+        self.usage.mark_warm(now)
+        self.metrics.workflow_failed(now)
+        # a failed workflow counts as in the system until its deadline: giving up never pays
+        ledger.charge(max(0.0, run.wf.arrival_s + run.wf.deadline_s - now))
+        touched: set[int] = set()
+        for t in run.tasks:
+            if t.state == _RUNNING:
+                ledger.outcome(t, True, now)  # its remaining tasks are not free
+                ledger.end(t, "cancelled", now)
+                touched.add(t.node)
+            elif t.state == _QUEUED:
+                c.queues[t.node].remove(t)
+                c.queue_len[t.node] -= 1
+                c.queued_core_s[t.node] -= self._est_core_s(t)
+                t.start_s = t.compute_start_s = now  # it held nothing
+                t.transfer_s = 0.0
+                ledger.outcome(t, True, now)
+            if t.state != _DONE:
+                t.state = _CANCELLED
+        run.tasks = []  # break the run <-> task cycle: freed now, not at the next full GC
+        for node in sorted(touched):
+            self._drain(node)
+
+    # -- node faults and world changes --------------------------------------------------------
+
+    def _node_down(self, node: int) -> None:
+        c = self.cluster
+        if not c.alive[node]:
+            return
+        c.set_alive(node, False)
+        up_s, repair = self.faults.went_down(node, self.now)
+        self.metrics.node_failures += 1
+        self.metrics.node_up_s += up_s
+        for t in sorted(c.running[node], key=lambda t: (t.run.wf.id, t.idx)):
+            if t.state == _RUNNING:
+                self._fail(t, FailureKind.NODE_DOWN)
+        q = c.queues[node]
+        while q:  # queued work moves elsewhere: it never started here
+            t = q.popleft()
+            t.prev_node = node
+            self._make_ready(t)
+        c.queue_len[node] = 0
+        c.queued_core_s[node] = 0.0
+        c.inbound[node].clear()
+        self._push_event(repair)
+
+    def _node_up(self, node: int) -> None:
+        self.cluster.set_alive(node, True)
+        self._push_event(self.faults.came_up(node, self.now))
+        if self._stalled:
+            for t in self._stalled:
+                if t.state == _READY:
+                    self._ready.append(t)
+            self._stalled = []
+
+    def drift(self, d: DriftConfig) -> tuple[int, ...]:
+        """Apply `d` now (its `at_s` is ignored); returns the drifted nodes."""
+        nodes, crashes = self.faults.drift(d, self.now)
+        for crash in crashes:
+            self._push_event(crash)
+        return nodes
+
+    def shift(self, cfg: ShiftConfig) -> None:
+        """Switch the shifted world on now (its `at_s` is ignored)."""
+        self.faults.start_shift(cfg, self.now)

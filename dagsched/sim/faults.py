@@ -1,176 +1,101 @@
-"""Failures and the world changes that bring them, as the simulator plays them: an attempt's
-failure (OOM kill, transient, its node going down) and its retry, a workflow out of retries,
-node crashes and repairs, the drift and the shift.
+"""The fault model: when nodes crash and come back, and the world changes that bring
+failures, the drift and the shift.
 
-`FaultHandling` is a base class of `Simulator` (`sim.engine`), which sets up the state
-declared here and provides the placement methods it calls; it is kept apart from the engine
-so that failures read in one place. Crashes are drawn per node from an exponential at the
-node's failure rate, repairs from one at `faults.repair_mean_s`.
+`FaultModel` is a collaborator the engine holds. It owns the fault generator, each node's
+failure rate and up-since time, and the drift and shift in effect, and it answers with the
+events the engine pushes (a crash, a repair): the engine plays what a fault does to attempts
+and queues. Crashes are drawn per node from an exponential at the node's failure rate,
+repairs from one at `faults.repair_mean_s`.
 
-A drift (`ScenarioConfig.drift`, or `drift()` at any time) makes some nodes slower than their
-advertised speed and raises their failure rates. Policies are not told: `cluster.speed` keeps
-the advertised figures, only `cluster.slowdown` (which policies must not read) changes.
+A drift (`ScenarioConfig.drift`, or `Simulator.drift()` at any time) makes some nodes slower
+than their advertised speed and raises their failure rates. Policies are not told:
+`cluster.speed` keeps the advertised figures, only `cluster.slowdown` (which policies must not
+read) changes.
 
-A shift (`ScenarioConfig.shift`, or `shift()` at any time) switches on the shifted world's
-effects (`sim.shift`): a long restart after an OOM kill, wider memory peaks, noisy
+A shift (`ScenarioConfig.shift`, or `Simulator.shift()` at any time) switches on the shifted
+world's effects (`sim.shift`): a long restart after an OOM kill, wider memory peaks, noisy
 neighbours. Policies are not told either; only outcomes show it.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from dagsched.core.history import History
-from dagsched.sim.attempts import AttemptAccounting
-from dagsched.sim.config import DriftConfig, ScenarioConfig, ShiftConfig
+from dagsched.sim.cluster import Cluster
+from dagsched.sim.config import DriftConfig, FaultConfig, ShiftConfig
 from dagsched.sim.events import NODE_DOWN, NODE_UP
-from dagsched.sim.runs import FailureKind, TaskRun, TaskState, WorkflowRun
 
-# Module-level aliases: a global lookup is several times cheaper than an enum class attribute.
-_WAITING, _READY, _QUEUED, _RUNNING, _DONE, _CANCELLED = TaskState
+# (time, kind, object, token): an event for the engine's heap
+Event = tuple[float, int, Any, int]
 
 
-class FaultHandling(AttemptAccounting):
-    """Fails attempts, workflows and nodes, and changes the world; a base of `Simulator`."""
+class FaultModel:
+    """Node crashes and repairs, the drift and the shift; returns the events they bring."""
 
-    # set up by `Simulator.__init__`
-    scenario: ScenarioConfig
-    history: History
-    active: dict[str, WorkflowRun]
-    _ready: list[TaskRun]
-    _stalled: list[TaskRun]  # ready while every node was down
-    _fault_rng: np.random.Generator
-    _up_since: list[float]
-    _fail_rate_s: list[float]  # per node: a drift raises some
-    _fault_token: list[int]  # invalidates a node's pending crash on drift
-    drifted_at: float | None
-    _shift: ShiftConfig | None  # the shift in effect (hidden from policies)
-    _mem_spread: float
-    shifted_at: float | None
+    def __init__(self, faults: FaultConfig, cluster: Cluster, rng: np.random.Generator) -> None:
+        n = cluster.n
+        self.cluster = cluster
+        self.repair_mean_s = faults.repair_mean_s
+        self._rng = rng
+        rate_s = faults.node_failure_per_hour / 3600.0
+        self._rate_s = [rate_s] * n  # per node: a drift raises some
+        self._token = [0] * n  # invalidates a node's pending crash on drift
+        self.up_since = [0.0] * n
+        self.drifted_at: float | None = None
+        self.shift: ShiftConfig | None = None  # the shift in effect (hidden from policies)
+        self.mem_spread = 1.0  # how much wider memory peaks are drawn (the shift's)
+        self.shifted_at: float | None = None
 
-    if TYPE_CHECKING:  # provided by `Simulator`
+    def crash(self, node: int, now: float) -> Event | None:
+        """The node's next crash, drawn at its current rate (None if it never fails)."""
+        rate = self._rate_s[node]
+        if rate <= 0:
+            return None
+        return (now + self._rng.exponential(1 / rate), NODE_DOWN, node, self._token[node])
 
-        def _push(self, at: float, kind: int, obj: Any, token: int = 0) -> None: ...
-        def _make_ready(self, t: TaskRun) -> None: ...
-        def _est_core_s(self, t: TaskRun) -> float: ...
-        def _drain(self, node: int) -> None: ...
+    def is_current(self, node: int, token: int) -> bool:
+        """Whether a crash event of `node` with this token was drawn at its current rate."""
+        return token == self._token[node]
 
-    # -- failed attempts and workflows --------------------------------------------------------
+    def went_down(self, node: int, now: float) -> tuple[float, Event]:
+        """The node crashed now: the seconds it had been up, and its repair event."""
+        up = now - self.up_since[node]
+        return up, (now + self._rng.exponential(self.repair_mean_s), NODE_UP, node, 0)
 
-    def _fail(self, t: TaskRun, why: FailureKind) -> None:
-        self._outcome(t, failed=True)
-        self._end_attempt(t, why.name.lower())
-        node = t.node
-        self.metrics.task_failures += 1
-        if why == FailureKind.OOM:
-            self.metrics.oom_kills += 1
-            self.history.oom(t.spec.family, t.res_mem / t.spec.mem_gb, self.now)
-        self.cluster.record_failure(node, self.now)
-        t.after_oom = why == FailureKind.OOM
-        t.failures += 1
-        if t.failures > t.max_retries:
-            t.state = _CANCELLED
-            self._fail_workflow(t.run)
-        else:
-            t.prev_node = node
-            t.attempt += 1
-            self._make_ready(t)
-        self._drain(node)
+    def came_up(self, node: int, now: float) -> Event | None:
+        """The node is back now: its next crash."""
+        self.up_since[node] = now
+        return self.crash(node, now)
 
-    def _fail_workflow(self, run: WorkflowRun) -> None:
-        """Out of retries: cancel everything of the workflow that is still going."""
-        c = self.cluster
-        run.failed = True
-        del self.active[run.wf.id]
-        self.usage.mark_warm(self.now)
-        self.metrics.workflow_failed(self.now)
-        # a failed workflow counts as in the system until its deadline: giving up never pays
-        self._charged_wf_s += max(0.0, run.wf.arrival_s + run.wf.deadline_s - self.now)
-        touched: set[int] = set()
-        for t in run.tasks:
-            if t.state == _RUNNING:
-                self._outcome(t, failed=True)  # its remaining tasks are not free
-                self._end_attempt(t, "cancelled")
-                touched.add(t.node)
-            elif t.state == _QUEUED:
-                c.queues[t.node].remove(t)
-                c.queue_len[t.node] -= 1
-                c.queued_core_s[t.node] -= self._est_core_s(t)
-                t.start_s = t.compute_start_s = self.now  # it held nothing
-                t.transfer_s = 0.0
-                self._outcome(t, failed=True)
-            if t.state != _DONE:
-                t.state = _CANCELLED
-        run.tasks = []  # break the run <-> task cycle: freed now, not at the next full GC
-        for node in sorted(touched):
-            self._drain(node)
+    def up_seconds(self, now: float) -> float:
+        """Seconds the live nodes have been up since they last came up."""
+        return sum(
+            now - since for since, ok in zip(self.up_since, self.cluster.alive, strict=True) if ok
+        )
 
-    # -- node faults --------------------------------------------------------------------------
-
-    def _node_down(self, node: int) -> None:
-        c = self.cluster
-        if not c.alive[node]:
-            return
-        c.set_alive(node, False)
-        self.metrics.node_failures += 1
-        self.metrics.node_up_s += self.now - self._up_since[node]
-        for t in sorted(c.running[node], key=lambda t: (t.run.wf.id, t.idx)):
-            if t.state == _RUNNING:
-                self._fail(t, FailureKind.NODE_DOWN)
-        q = c.queues[node]
-        while q:  # queued work moves elsewhere: it never started here
-            t = q.popleft()
-            t.prev_node = node
-            self._make_ready(t)
-        c.queue_len[node] = 0
-        c.queued_core_s[node] = 0.0
-        c.inbound[node].clear()
-        repair = self._fault_rng.exponential(self.scenario.faults.repair_mean_s)
-        self._push(self.now + repair, NODE_UP, node)
-
-    def _node_up(self, node: int) -> None:
-        c = self.cluster
-        c.set_alive(node, True)
-        self._up_since[node] = self.now
-        self._schedule_crash(node)
-        if self._stalled:
-            for t in self._stalled:
-                if t.state == _READY:
-                    self._ready.append(t)
-            self._stalled = []
-
-    def _schedule_crash(self, node: int) -> None:
-        rate = self._fail_rate_s[node]
-        if rate > 0:
-            at = self.now + self._fault_rng.exponential(1 / rate)
-            self._push(at, NODE_DOWN, node, self._fault_token[node])
-
-    # -- drift --------------------------------------------------------------------------------
-
-    def drift(self, d: DriftConfig) -> tuple[int, ...]:
-        """Apply `d` now (its `at_s` is ignored); returns the drifted nodes.
+    def drift(self, d: DriftConfig, now: float) -> tuple[tuple[int, ...], list[Event]]:
+        """Apply `d` now (its `at_s` is ignored): the drifted nodes, and their redrawn crashes.
 
         Crashes are memoryless, so a live node's pending crash is redrawn at the new rate.
         """
         c = self.cluster
         nodes = d.nodes(c.n)
+        events: list[Event] = []
         for node in nodes:
             c.slowdown[node] *= d.slowdown
             c.transient_failure[node] = min(0.99, c.transient_failure[node] * d.failure_mult)
-            self._fail_rate_s[node] *= d.failure_mult
-            self._fault_token[node] += 1
-            if c.alive[node]:
-                self._schedule_crash(node)
-        self.drifted_at = self.now
-        return nodes
+            self._rate_s[node] *= d.failure_mult
+            self._token[node] += 1
+            if c.alive[node] and (crash := self.crash(node, now)) is not None:
+                events.append(crash)
+        self.drifted_at = now
+        return nodes, events
 
-    # -- shift --------------------------------------------------------------------------------
-
-    def shift(self, cfg: ShiftConfig) -> None:
+    def start_shift(self, cfg: ShiftConfig, now: float) -> None:
         """Switch the shifted world on now (its `at_s` is ignored): attempts starting from now
         pay its effects, workflows arriving from now draw its memory spread."""
-        self._shift = cfg
-        self._mem_spread = cfg.mem_spread
-        self.shifted_at = self.now
+        self.shift = cfg
+        self.mem_spread = cfg.mem_spread
+        self.shifted_at = now
