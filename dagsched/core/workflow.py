@@ -162,10 +162,6 @@ class Workflow:
                     todo.append(j)
         return len(seen) == self.size
 
-    def total_work_core_s(self) -> float:
-        """CPU demand x duration summed over tasks, at reference speed."""
-        return sum(t.cpu_cores * t.duration_s for t in self.tasks)
-
 
 _NUMBERED = re.compile(r"(?:[-_:.#]?(?:ID)?\d+)+$")
 

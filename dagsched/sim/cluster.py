@@ -190,12 +190,6 @@ class Cluster:
         self._sum_x += new - old
         self._sum_x2 += new * new - old * old
 
-    def jain_fairness(self) -> float:
-        """Jain's index of reserved-CPU fractions over nodes: 1 = perfectly even, 1/n = one node."""
-        if self._sum_x2 <= 1e-12:
-            return 1.0
-        return min(1.0, self._sum_x * self._sum_x / (self.n * self._sum_x2))
-
     # -- failure memory ----------------------------------------------------------------------
 
     def record_failure(self, node: int, now: float) -> None:
