@@ -16,14 +16,16 @@ from dagsched.core.view import ClusterView, TaskView
 
 @dataclass(frozen=True, slots=True)
 class Placement:
-    """Node index into the view, CPU and memory reservation fractions, max retries, and the
-    log-probability of this action under the policy that chose it (0 for heuristics)."""
+    """Node index into the view, CPU and memory reservation fractions, max retries, the
+    log-probability of this action under the policy that chose it (0 for heuristics), and the
+    priority in the node's queue (higher first)."""
 
     node: int
     cpu: float
     mem: float
     max_retries: int
     log_prob: float = 0.0
+    priority: float = 0.0
 
 
 class Scheduler(Protocol):

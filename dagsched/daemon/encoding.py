@@ -38,6 +38,7 @@ def decision(
     log_prob: float,
     decided_at: float,
     latency_ms: float,
+    priority: float = 0.0,
 ) -> bytes:
     """A `decision` message (`DecisionMsg`), encoded."""
     return orjson.dumps(
@@ -51,6 +52,7 @@ def decision(
             "cpu": cpu,
             "mem": mem,
             "max_retries": max_retries,
+            "priority": priority,
             "model_version": model_version,
             "arm": arm,
             "log_prob": log_prob,

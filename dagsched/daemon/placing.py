@@ -226,6 +226,7 @@ class Placer:
                     encoding.bounded_log_prob(p.log_prob),
                     now,
                     max(0.0, (time.monotonic() - fetched) * 1000),
+                    float(p.priority) if math.isfinite(p.priority) else 0.0,
                 )
                 speed = float(view.speed[node][spec.type])
                 res = Reservation(

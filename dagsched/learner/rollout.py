@@ -108,7 +108,7 @@ class RolloutWorker:
                 old.known = True
             self.pending[(t.run.wf.id, t.idx, t.attempt)] = tr
             self.buffer.append(tr)
-            decisions.append(Decision(t, p.node, p.cpu, p.mem, p.max_retries))
+            decisions.append(Decision(t, p.node, p.cpu, p.mem, p.max_retries, p.priority))
         self.sim.apply(decisions, batch)
 
 

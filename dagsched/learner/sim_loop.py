@@ -220,7 +220,7 @@ class SimLoop:
                     log_prob=min(0.0, p.log_prob) if math.isfinite(p.log_prob) else 0.0,
                 )
                 self._decided[(wf.id, t.idx, t.attempt)] = joined
-                out[i] = Decision(t, p.node, p.cpu, p.mem, p.max_retries)
+                out[i] = Decision(t, p.node, p.cpu, p.mem, p.max_retries, p.priority)
         return [d for d in out if d is not None]
 
     # -- outcomes: the learner's window and the evaluator's samples -----------------------------

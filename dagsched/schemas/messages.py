@@ -105,6 +105,8 @@ class DecisionMsg(_Message):
     cpu: Annotated[float, Field(ge=0.1, le=0.9)]
     mem: Annotated[float, Field(ge=0.2, le=0.8)]
     max_retries: Annotated[int, Field(ge=1, le=5)]
+    # node queues drain by priority, higher first, then in the order tasks were queued
+    priority: Annotated[float, Field(allow_inf_nan=False)] = 0.0
     model_version: Annotated[str, Field(min_length=1, max_length=200)]
     arm: Arm
     log_prob: Annotated[float, Field(le=0, allow_inf_nan=False)] = 0.0

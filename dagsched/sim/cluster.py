@@ -9,7 +9,6 @@ set of running tasks stay as Python containers on the side.
 from __future__ import annotations
 
 import heapq
-from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -139,7 +138,9 @@ class Cluster:
         self.inbound: list[list[tuple[float, float]]] = [[] for _ in range(n)]
         self.failures: list[float] = [0.0] * n  # decayed count of recent task failures
         self.failures_at: list[float] = [0.0] * n  # time `failures` was last decayed to
-        self.queues: list[deque[TaskRun]] = [deque() for _ in range(n)]
+        # per node, the attempts waiting for room: by priority (higher first), then in the
+        # order they were queued (`queue_key`)
+        self.queues: list[list[TaskRun]] = [[] for _ in range(n)]
         self.running: list[set[TaskRun]] = [set() for _ in range(n)]
         # running sums of reserved-cpu fractions for O(1) Jain fairness
         self._sum_x = 0.0

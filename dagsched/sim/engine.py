@@ -9,8 +9,10 @@ does no I/O.
 Time semantics of one attempt on a node: the reservation is taken at `start_s`; the task
 first waits for its inputs from parents on other nodes (the slowest transfer) and its cold
 start, then computes from `compute_start_s`. Nodes backfill: an attempt whose reservation fits
-in what the node has free starts now, even while larger ones wait in the node's queue (first
-fit in queue order, as the Kubernetes scheduler binds any pending pod that fits); the daemon's
+in what the node has free starts now, even while others wait in the node's queue. A node's
+queue drains by the decisions' priority (higher first), then in the order attempts were
+queued, first fit: when room frees up, every waiting attempt that fits starts, in that order
+(as the Kubernetes scheduler binds pending pods by priority, any that fits); the daemon's
 reservation ledger and every view model the same rule.
 
 Tasks run on their hidden truth (`sim.truth`), not on what they declared: the compute time is
@@ -29,6 +31,7 @@ placement, starts, queues, finishes and failures.
 
 from __future__ import annotations
 
+import bisect
 import copy
 import heapq
 import itertools
@@ -63,6 +66,12 @@ class PolicyError(RuntimeError):
 
 
 _heappush, _heappop = heapq.heappush, heapq.heappop
+
+
+def queue_key(t: TaskRun) -> tuple[float, int]:
+    """Where a queued attempt stands in its node's queue: higher priority first, then the
+    order attempts were queued."""
+    return (-t.priority, t.queued_seq)
 
 
 class Simulator:
@@ -108,6 +117,7 @@ class Simulator:
         self.active: dict[str, WorkflowRun] = {}
         self._heap: list[tuple[float, int, int, Any, int]] = []
         self._seq = itertools.count()
+        self._queued = itertools.count()  # queue order, for equal priorities
         self._ready: list[TaskRun] = []
         self._stalled: list[TaskRun] = []  # ready while every node was down
         self._arrivals: Iterator[Workflow] = iter(workflows)
@@ -302,7 +312,7 @@ class Simulator:
 
     def place(self, d: Decision) -> None:
         """Place one ready task now (a queue wait if it does not fit); checks the contract."""
-        t, node, cpu, mem, retries = d
+        t, node, cpu, mem, retries, priority = d
         c = self.cluster
         if t.state != _READY:
             raise PolicyError(f"decision for {t.key}, which is {t.state.name}, not READY")
@@ -310,6 +320,7 @@ class Simulator:
             raise PolicyError(f"decision for {t.key} picks dead or unknown node {node}")
         t.node = node
         t.cpu, t.mem, t.max_retries = cpu, mem, _ = clamp_placement(cpu, mem, retries)
+        t.priority = float(priority)
         t.res_cores = res_cores = cpu * c.cores_list[node]
         t.res_mem = res_mem = mem * c.mem_list[node]
         old = 1.0 - c.free_cores[node] / c.cores_list[node]
@@ -323,7 +334,8 @@ class Simulator:
             self._start(t)  # backfill: it fits now, whatever waits in the queue
         else:
             t.state = _QUEUED
-            c.queues[node].append(t)
+            t.queued_seq = next(self._queued)
+            bisect.insort(c.queues[node], t, key=queue_key)
             c.queue_len[node] += 1
             c.queued_core_s[node] += self._est_core_s(t)
 
@@ -375,8 +387,8 @@ class Simulator:
             self._push(t.compute_start_s + t.compute_s, FINISH, t, t.token)
 
     def _drain(self, node: int) -> None:
-        """Start every queued attempt that fits now, in queue order (first fit: a blocked
-        head does not hold back smaller attempts behind it)."""
+        """Start every queued attempt that fits now, in queue order: by priority, then the
+        order queued (first fit: a blocked head does not hold back smaller attempts)."""
         c = self.cluster
         q = c.queues[node]
         if not q or not c.alive[node]:
@@ -389,9 +401,7 @@ class Simulator:
                 self._start(t)
                 started = True
         if started:  # keep the ones still waiting, in order
-            waiting = [t for t in q if t.state == _QUEUED]
-            q.clear()
-            q.extend(waiting)
+            q[:] = [t for t in q if t.state == _QUEUED]
 
     # -- finishes -----------------------------------------------------------------------------
 
@@ -496,11 +506,10 @@ class Simulator:
         for t in sorted(c.running[node], key=lambda t: (t.run.wf.id, t.idx)):
             if t.state == _RUNNING:
                 self._fail(t, FailureKind.NODE_DOWN)
-        q = c.queues[node]
-        while q:  # queued work moves elsewhere: it never started here
-            t = q.popleft()
+        for t in c.queues[node]:  # queued work moves elsewhere: it never started here
             t.prev_node = node
             self._make_ready(t)
+        c.queues[node].clear()
         c.queue_len[node] = 0
         c.queued_core_s[node] = 0.0
         c.inbound[node].clear()

@@ -116,7 +116,7 @@ class SimExecutor:
         node = self.node_ids.index(d.node) if d.node in self.node_ids else -1
         if node < 0 or not self.sim.cluster.alive[node]:
             return False
-        self.sim.place(Decision(t, node, d.cpu, d.mem, d.max_retries))
+        self.sim.place(Decision(t, node, d.cpu, d.mem, d.max_retries, d.priority))
         self._placed[t.key] = (d.attempt, d.node)
         if t.state == TaskState.RUNNING:
             self._emit_started(t)

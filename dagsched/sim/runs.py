@@ -36,13 +36,15 @@ class FailureKind(IntEnum):
 
 
 class Decision(NamedTuple):
-    """A placement: node id, CPU and memory reservation as fractions of the node, max retries."""
+    """A placement: node id, CPU and memory reservation as fractions of the node, max retries,
+    and its priority in the node's queue (higher first; equal ones in the order queued)."""
 
     task: TaskRun
     node: int
     cpu: float
     mem: float
     max_retries: int
+    priority: float = 0.0
 
 
 class Policy(Protocol):
@@ -100,6 +102,8 @@ class TaskRun:
         "node",
         "peak_mem",
         "prev_node",
+        "priority",
+        "queued_seq",
         "ready_s",
         "res_cores",
         "res_mem",
@@ -129,6 +133,8 @@ class TaskRun:
         self.cpu = self.mem = 0.0
         self.res_cores = self.res_mem = 0.0
         self.max_retries = RETRY_BOUNDS[0]
+        self.priority = 0.0  # in its node's queue: higher first
+        self.queued_seq = 0  # when it was queued, for equal priorities
         self.ready_s = self.start_s = self.compute_start_s = self.end_s = 0.0
         self.compute_s = self.transfer_s = self.transfer_bytes = 0.0
         self.advertised_s = 0.0  # compute time the node's advertised speed implies

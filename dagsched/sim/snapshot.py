@@ -77,6 +77,6 @@ class SchedulerPolicy:
     def decide(self, sim: Simulator, ready: list[TaskRun]) -> list[Decision]:
         placements = self.scheduler.place(cluster_view(sim), [task_view(t, sim) for t in ready])
         return [
-            Decision(t, p.node, p.cpu, p.mem, p.max_retries)
+            Decision(t, p.node, p.cpu, p.mem, p.max_retries, p.priority)
             for t, p in zip(ready, placements, strict=True)
         ]
