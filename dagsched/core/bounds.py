@@ -13,6 +13,8 @@ import numpy as np
 CPU_BOUNDS = (0.1, 0.9)
 MEM_BOUNDS = (0.2, 0.8)
 RETRY_BOUNDS = (1, 5)
+# what a policy's priority head may answer (the wire takes any finite float, higher first)
+PRIORITY_BOUNDS = (0.0, 1.0)
 
 _CPU_LO, _CPU_HI = CPU_BOUNDS
 _MEM_LO, _MEM_HI = MEM_BOUNDS

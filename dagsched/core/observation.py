@@ -28,8 +28,16 @@ from typing import Any
 import numpy as np
 
 from dagsched.core.bounds import CPU_BOUNDS, MEM_BOUNDS
+from dagsched.core.demand import (
+    candidates,
+    demand_fractions,
+    finish_s,
+    fits_now,
+    predicted_compute_s,
+    recommended_request,
+)
 from dagsched.core.estimates import transfers_s
-from dagsched.core.history import VPA_MARGIN, FamilySummary, predicted_use
+from dagsched.core.history import predicted_use
 from dagsched.core.view import ClusterView, TaskView
 from dagsched.core.workflow import TaskType, upward_rank
 
@@ -150,36 +158,6 @@ def observation_from_dict(d: dict[str, Any]) -> Observation:
     return o
 
 
-def demand_fractions(
-    cluster: ClusterView, cpu_cores: float, mem_gb: float
-) -> tuple[np.ndarray, np.ndarray]:
-    """The task's demand as reservation fractions of every node, clamped to the bounds."""
-    cpu = np.clip(cpu_cores / cluster.cores, *CPU_BOUNDS)
-    mem = np.clip(mem_gb / cluster.mem_gb, *MEM_BOUNDS)
-    return cpu, mem
-
-
-def recommended_request(
-    cpu_cores: float, mem_gb: float, h: FamilySummary | None
-) -> tuple[float, float]:
-    """(cores, memory GB) history recommends reserving: the prediction with the VPA
-    recommender's margin (`predicted_use` at `VPA_MARGIN`: p90 x 1.15, memory at least 1.2 x
-    the highest limit an OOM kill of the family hit), what `heft_history` reserves. The
-    continuous head is centred on it, so an untrained shift serves that recommendation."""
-    cores, mem, _ = predicted_use(cpu_cores, mem_gb, h, VPA_MARGIN)
-    return cores, mem
-
-
-def candidates(cluster: ClusterView, alive: np.ndarray, mem_gb: float | np.ndarray) -> np.ndarray:
-    """The nodes a policy may choose for tasks recommended `mem_gb` ([..., 1] or a scalar):
-    alive nodes whose largest memory reservation (the upper bound) holds it, as
-    `heft_history`'s candidates; every alive node for a task no node can hold. Elsewhere a
-    task is OOM-killed for sure, and in a world where a kill costs an hour's restart one
-    such choice per family starts a spiral (README "The shifted world")."""
-    holds = alive & (cluster.mem_gb * MEM_BOUNDS[1] >= mem_gb - 1e-9)
-    return np.where(holds.any(axis=-1, keepdims=True), holds, alive)
-
-
 ANCHOR_FLOOR = 0.02  # the head clamps its anchor to [ANCHOR_FLOOR, 1 - ANCHOR_FLOOR]
 
 
@@ -247,12 +225,6 @@ def dag_features(task: TaskView, rank: list[float] | None = None) -> tuple[np.nd
     return dag, edges
 
 
-def fits_now(cluster: ClusterView, cores: np.ndarray, mem: np.ndarray) -> np.ndarray:
-    """Nodes where a reservation of `cores` and `mem` would start now: it fits what is free
-    (nodes backfill, so a queue in front does not hold it back)."""
-    return (cluster.free_cores >= cores - 1e-9) & (cluster.free_mem >= mem - 1e-9)
-
-
 def task_context(
     task: TaskView,
     now: float,
@@ -316,13 +288,18 @@ def observe(
     transfer = transfer_estimate_s(cluster, task)
     fits = fits_now(cluster, res_c, res_m)
     wait = cluster.queued_core_s * inv_c + np.where(fits, 0.0, compute.mean())
-    # what history predicts: the request it would make, and the runtime
+    # what history predicts (the runtime; the use, for the task context) and recommends
+    # reserving: heft_history's request, its candidates and its estimated finish time
     p_cores, p_mem, p_rt = predicted_use(spec.cpu_cores, spec.mem_gb, h)
-    p_cpu_f, p_mem_f = demand_fractions(cluster, p_cores, p_mem)
+    rec_cores, rec_mem = recommended_request(spec.cpu_cores, spec.mem_gb, h)
+    p_cpu_f, p_mem_f = demand_fractions(cluster, rec_cores, rec_mem)
     p_res_c, p_res_m = p_cpu_f * cluster.cores, p_mem_f * cluster.mem_gb
-    p_compute = spec.duration_s * p_rt / speed * cluster.slowdown
+    p_compute = predicted_compute_s(
+        spec.duration_s, p_rt, speed, spec.cpu_cores, p_res_c, cluster.slowdown
+    )
     p_fits = fits_now(cluster, p_res_c, p_res_m)
-    p_wait = cluster.queued_core_s * inv_c + np.where(p_fits, 0.0, p_compute.mean())
+    queued = cluster.queued_core_s * inv_c
+    p_finish = finish_s(queued, p_fits, cluster.first_wait_s(), transfer, p_compute)
     used_c = cluster.used_cores * inv_c if cluster.used_cores is not None else np.zeros(n)
     used_m = cluster.used_mem * inv_m if cluster.used_mem is not None else np.zeros(n)
     top_gpu = float(cluster.gpu_mem_gb.max())
@@ -351,14 +328,13 @@ def observe(
             p_cpu_f,
             p_mem_f,
             p_fits.astype(float),
-            (p_res_m >= p_mem - 1e-9).astype(float),
-            np.log1p(p_wait + transfer + spec.cold_start_s + p_compute),
+            (p_res_m >= rec_mem - 1e-9).astype(float),
+            np.log1p(p_finish),
         ],
         axis=1,
     ).astype(np.float32)
 
     used = cpu_used[alive] if alive.any() else np.zeros(1)
-    queued = cluster.queued_core_s * inv_c
     cl = np.array(
         [
             float(used.var()),
@@ -378,8 +354,7 @@ def observe(
     )
 
     dag_x, edges = dag if dag is not None else dag_features(task)
-    rec_cores, rec_mem = recommended_request(spec.cpu_cores, spec.mem_gb, h)
-    anchor = unit_anchor(*demand_fractions(cluster, rec_cores, rec_mem))
+    anchor = unit_anchor(p_cpu_f, p_mem_f)
     return Observation(
         nodes=nodes,
         mask=candidates(cluster, alive, rec_mem),

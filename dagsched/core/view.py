@@ -45,10 +45,22 @@ class ClusterView:
     # None where nothing reports it (read as zeros)
     used_cores: np.ndarray | None = None
     used_mem: np.ndarray | None = None
+    # per node, when the first of its running attempts is expected to end (absolute, from the
+    # declared run times and history's runtime predictions; inf where none runs); None where
+    # it is not known (read as "room now")
+    first_end_s: np.ndarray | None = None
 
     @property
     def n(self) -> int:
         return len(self.node_ids)
+
+    def first_wait_s(self) -> np.ndarray:
+        """Per node, the seconds until its first running attempt is expected to end: how long
+        a task that does not fit now waits at least (0 where none runs or it is unknown)."""
+        if self.first_end_s is None:
+            return np.zeros(self.n)
+        left = self.first_end_s - self.now
+        return np.where(np.isfinite(left) & (left > 0.0), left, 0.0)
 
     def batch_copy(self) -> ClusterView:
         """A copy whose live load (free resources, queues) `take` may update, so later tasks

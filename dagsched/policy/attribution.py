@@ -45,6 +45,7 @@ from captum.attr import IntegratedGradients
 from torch import Tensor
 
 from dagsched.core.observation import Observation
+from dagsched.core.ties import best_node
 from dagsched.policy.explanation import (
     CORE_TARGETS,
     DEFAULT_STEPS,
@@ -55,7 +56,6 @@ from dagsched.policy.explanation import (
 )
 from dagsched.policy.model import ActorCritic, from_unit
 from dagsched.policy.normalizer import FeatureNormalizer
-from dagsched.policy.ties import best_node
 
 
 @dataclass(frozen=True)

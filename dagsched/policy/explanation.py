@@ -19,7 +19,7 @@ from dagsched.core.observation import (
     NODE_FEATURES,
     Observation,
 )
-from dagsched.policy.ties import best_node
+from dagsched.core.ties import best_node
 
 METHOD = "captum.attr.IntegratedGradients (Gauss-Legendre)"
 BASELINE = "zeros in normalised space = the training-mean observation"

@@ -33,11 +33,11 @@ from dagsched.core.bounds import ACTION_LOW as LOW
 from dagsched.core.bounds import ACTION_SPAN as SPAN
 from dagsched.core.observation import ANCHOR_FLOOR, Observation
 from dagsched.core.scheduler import Placement
+from dagsched.core.ties import best_node
 from dagsched.core.view import ClusterView, TaskView
 from dagsched.policy.lazy_observations import LazyObservations
 from dagsched.policy.model import CONC_SCALE, FINISH
 from dagsched.policy.numpy_net import F32, NumpyNet, batch_graph
-from dagsched.policy.ties import best_node
 from dagsched.policy.vectorised_observation import DYNAMIC, BatchObservation, DagCache
 
 _MASKED = F32(-1e9)  # as the model's masked_fill

@@ -37,7 +37,7 @@ from dagsched.core.observation import (
     DAG_FEATURES,
     NODE_FEATURES,
 )
-from dagsched.policy.ties import TIE_TOL
+from dagsched.core.ties import TIE_TOL
 
 ACTOR_HEADS: tuple[str, ...] = ("scorer", "cont_head", "prior")
 FINISH = NODE_FEATURES.index("log_pred_finish_s")

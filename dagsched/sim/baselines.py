@@ -1,5 +1,7 @@
 """Heuristic baselines. Each reserves its task's declared request, clamped to the
-reservation bounds - except `heft_history`, which reserves what history predicts.
+reservation bounds - except `heft_history` (`core.heft`, run here through the views every
+scheduler reads), which reserves what history recommends and orders node queues by its
+priority rule.
 
 All but `random` and `round_robin` skip nodes where the clamped memory reservation would be
 below the planned amount (an OOM in waiting) while any other node is alive, the way a
@@ -18,15 +20,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from dagsched.core.bounds import CPU_BOUNDS, MEM_BOUNDS
-from dagsched.core.estimates import raised_prediction_s, transfer_to_all_s
-from dagsched.core.history import (
-    VPA_MARGIN,
-    FamilyStats,
-    FamilySummary,
-    predicted_use,
-    summarize,
-)
+from dagsched.core.estimates import transfer_to_all_s
+from dagsched.core.heft import HeftHistory
 from dagsched.sim.runs import Decision, Policy, TaskRun, TaskState
+from dagsched.sim.snapshot import SchedulerPolicy
 
 if TYPE_CHECKING:
     from dagsched.sim.engine import Simulator
@@ -300,30 +297,21 @@ class HEFTPolicy:
         return place_in_order(sim, order, earliest_finish_node)
 
 
-def _running_end_s(sim: Simulator, r: TaskRun, predicted: bool) -> float:
-    """When a running attempt is expected to end: its start, cold start and declared
-    compute time (x the family's predicted runtime ratio, raised once outlived, when
-    `predicted`) at its node's advertised speed and measured slowdown."""
-    declared = r.advertised_s * sim.cluster.observed_slowdown[r.node]
-    began = r.start_s + r.spec.cold_start_s
-    if not predicted:
-        return began + declared
-    stats = sim.history.get(r.spec.family)
-    guess = declared * (stats.runtime_ratio() if stats is not None else 1.0)
-    return began + raised_prediction_s(guess, sim.now - began, declared)
+def _running_end_s(sim: Simulator, r: TaskRun) -> float:
+    """When a running attempt is expected to end: its start, cold start and declared compute
+    time at its node's advertised speed and measured slowdown."""
+    return r.start_s + r.spec.cold_start_s + r.advertised_s * sim.cluster.observed_slowdown[r.node]
 
 
-def earliest_finish_node(
-    sim: Simulator, view: BatchView, d: Demand, t: TaskRun, predicted: bool = False
-) -> int:
-    """The candidate node with the earliest estimated finish time for the task; running
-    attempts' ends and this task's compute time are predicted from history if `predicted`."""
+def earliest_finish_node(sim: Simulator, view: BatchView, d: Demand, t: TaskRun) -> int:
+    """The candidate node with the earliest estimated finish time for the task, on declared
+    values (`heft`; `heft_history`, on predicted ones, is `core.heft`)."""
     c, now = sim.cluster, sim.now
     cand = d.candidates(view)
     fit = d.fits_now(view)
     wait = view.queued_core_s / c.cores
     for node in np.flatnonzero(cand & ~fit):
-        ends = [_running_end_s(sim, r, predicted) for r in c.running[node]]
+        ends = [_running_end_s(sim, r) for r in c.running[node]]
         if ends:
             first = min(ends) - now
             wait[node] += first if first > 0 else 0.0
@@ -339,61 +327,24 @@ def earliest_finish_node(
     return int(np.argmin(np.where(cand, eft, np.inf)))
 
 
-HISTORY_MARGIN = VPA_MARGIN  # heft_history's margin over the p90 targets
-
-
-def history_request(
-    spec_cores: float, spec_mem: float, stats: FamilyStats | None
-) -> tuple[float, float]:
-    """(cores, memory GB) heft_history reserves for a task of a family with these
-    statistics: `core.history.predicted_use` with VPA's +15% margin - the family's p90 use
-    (CPU) and peak (memory) x the request x 1.15, memory at least 1.2 x the highest limit an
-    OOM kill of the family hit, the declared request while the family has no history."""
-    cores, mem, _ = predicted_use(spec_cores, spec_mem, summarize(stats), HISTORY_MARGIN)
-    return cores, mem
-
-
-class HEFTHistoryPolicy:
-    """HEFT on predicted runtimes with VPA-style reservations from per-family history.
-
-    - Runtime: the declared duration x the mean of the family's last two observed runtime
-      ratios (Tsafrir, Etsion and Feitelson, "Backfilling using system-generated predictions
-      rather than user runtime estimates", IEEE TPDS 2007); a running attempt that outlives
-      its prediction is expected to run to its declared time, or to twice its elapsed time
-      once past that (`estimates.raised_prediction_s`).
-    - Reservations: the Kubernetes VPA recommender's rule (decaying histograms, 24 h
-      half-life): p90 of the family's observed CPU use and memory peak ratios x the
-      request, +15% margin; memory x1.2 over the highest limit an OOM kill of the family
-      hit; the declared request while the family has no history.
-    - Order and placement: as `heft` (upward rank; earliest estimated finish), with these
-      predictions in place of declared values.
-    """
-
-    name = "heft_history"
-
-    def decide(self, sim: Simulator, ready: list[TaskRun]) -> list[Decision]:
-        order = sorted(ready, key=lambda t: -t.run.upward_rank()[t.idx])
-        view = BatchView(sim)
-        summaries: dict[str, FamilySummary | None] = {}  # once per family and batch
-        out = []
-        for t in order:
-            spec = t.spec
-            if spec.family not in summaries:
-                summaries[spec.family] = summarize(sim.history.get(spec.family))
-            cores, mem, ratio = predicted_use(
-                spec.cpu_cores, spec.mem_gb, summaries[spec.family], HISTORY_MARGIN
-            )
-            d = Demand(sim, t, cores, mem, ratio)
-            node = earliest_finish_node(sim, view, d, t, predicted=True)
-            out.append(d.decision(t, node))
-            view.take(sim, node, d, t)
-        return out
-
-
 def _remaining_work(t: TaskRun) -> float:
     return sum(
         x.spec.duration_s * x.spec.cpu_cores for x in t.run.tasks if x.state != TaskState.DONE
     )
+
+
+# heft_history with each priority rule of `core.heft`: FIFO node queues (the plain rule) and
+# the three orderings measured for the ordering lever
+HEFT_HISTORY_RULES = {
+    "heft_history": "fifo",
+    "heft_history_srpt": "srpt",
+    "heft_history_edf": "edf",
+    "heft_history_slack": "slack",
+}
+
+
+def _heft_history(rule: str) -> Callable[[], Policy]:
+    return lambda: SchedulerPolicy(HeftHistory(rule))
 
 
 def make_baseline(name: str, rng: np.random.Generator) -> Policy:
@@ -406,7 +357,7 @@ def make_baseline(name: str, rng: np.random.Generator) -> Policy:
         "sjf": SJFPolicy,
         "tetris": TetrisPolicy,
         "heft": HEFTPolicy,
-        "heft_history": HEFTHistoryPolicy,
+        **{name: _heft_history(rule) for name, rule in HEFT_HISTORY_RULES.items()},
     }
     if name not in table:
         raise ValueError(f"unknown policy {name!r}; choose from {', '.join(table)}")

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from dagsched.core.workflow import Workflow
-from dagsched.sim.baselines import make_baseline
+from dagsched.sim.baselines import HEFT_HISTORY_RULES, make_baseline
 from dagsched.sim.config import ScenarioConfig
 from dagsched.sim.engine import Simulator
 from dagsched.sim.runs import Policy
@@ -24,7 +24,7 @@ POLICY_NAMES: tuple[str, ...] = (
     "sjf",
     "tetris",
     "heft",
-    "heft_history",
+    *HEFT_HISTORY_RULES,
 )
 
 # Independent random streams per concern, so changing the policy never changes the workload.

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from dagsched.core.estimates import raised_prediction_s
 from dagsched.core.history import summarize
 from dagsched.core.scheduler import Scheduler
 from dagsched.core.view import ClusterView, TaskView
@@ -44,7 +45,27 @@ def cluster_view(sim: Simulator) -> ClusterView:
         slowdown=np.array(c.observed_slowdown),
         used_cores=np.array([u[0] for u in sim.node_use]),
         used_mem=np.array([u[1] for u in sim.node_use]),
+        first_end_s=first_ends_s(sim),
     )
+
+
+def first_ends_s(sim: Simulator) -> np.ndarray:
+    """Per node, when its first running attempt is expected to end (inf where none runs), as
+    a node agent and the job queue know it: the attempt's start, cold start and declared
+    compute time at the node's advertised speed and measured slowdown, times its family's
+    predicted runtime ratio, raised once outlived (`estimates.raised_prediction_s`)."""
+    c, now, history = sim.cluster, sim.now, sim.history
+    out = np.full(c.n, np.inf)
+    for node, running in enumerate(c.running):
+        for r in running:
+            declared = r.advertised_s * c.observed_slowdown[node]
+            began = r.start_s + r.spec.cold_start_s
+            stats = history.get(r.spec.family)
+            guess = declared * (stats.runtime_ratio() if stats is not None else 1.0)
+            end = began + raised_prediction_s(guess, now - began, declared)
+            if end < out[node]:
+                out[node] = end
+    return out
 
 
 def task_view(t: TaskRun, sim: Simulator | None = None) -> TaskView:

@@ -7,14 +7,26 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from dagsched.core.demand import recommended_request
 from dagsched.core.estimates import raised_prediction_s
-from dagsched.core.history import HALF_LIFE_S, DecayingHistogram, History, Measured
-from dagsched.sim.baselines import history_request
+from dagsched.core.history import (
+    HALF_LIFE_S,
+    DecayingHistogram,
+    FamilyStats,
+    History,
+    Measured,
+    summarize,
+)
 from dagsched.sim.config import ScenarioConfig, TruthConfig
 from dagsched.sim.engine import Simulator
 from dagsched.sim.reward import COMPLETION_SCALE_S, reward_terms
 from dagsched.sim.runner import generate_workflows, make_policy, simulate
 from tests.sim.conftest import small_scenario
+
+
+def history_request(cores: float, mem: float, stats: FamilyStats | None) -> tuple[float, float]:
+    """What heft_history reserves for a task of a family with these statistics."""
+    return recommended_request(cores, mem, summarize(stats))
 
 
 def test_histogram_percentiles_by_hand() -> None:

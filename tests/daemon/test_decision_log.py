@@ -133,7 +133,7 @@ async def test_gnn_decisions_are_logged_per_batch_and_explain_and_replay_find_th
         dec: DecisionMsg = by_key[key]
         again = champion.place_observations([obs])[0]  # the model decides the same again
         # (the 4 nodes are alike: ties between nodes in the same state go to the first on
-        # both paths, `policy.ties`)
+        # both paths, `core.ties`)
         assert again.node == log.node_index, (again.node, log.node_index)
         assert dec.node == f"node-{log.node_index:04d}"
         assert np.allclose(champion.last_units[0], log.unit, atol=1e-4)

@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 
 from dagsched.core.observation import ANCHOR_FLOOR, Observation, observe
+from dagsched.core.ties import TIE_TOL
 from dagsched.core.view import ClusterView, TaskView
 from dagsched.policy import fast_place, greedy_kernel
 from dagsched.policy.bundle import load_bundle
 from dagsched.policy.lazy_observations import LazyObservations
 from dagsched.policy.scheduler import GNNScheduler
-from dagsched.policy.ties import TIE_TOL
 from tests.policy.same_decisions import assert_compiled_decided_as
 from tests.policy.test_fast_exact import recorded_batch
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from dagsched.core.ties import TIE_TOL, best_node
 from dagsched.policy.model import PolicyOutput, act
-from dagsched.policy.ties import TIE_TOL, best_node
 
 
 def test_a_tie_in_the_last_float_bit_goes_to_the_first_node_on_both_paths() -> None:
