@@ -106,8 +106,14 @@ class TrainSettings(_Strict):
     curriculum: bool = True
     # every curriculum stage draws its load from this range instead of the stage's own
     load_range: tuple[float, float] | None = None
-    # initial weight of the finish-time prior on the node logits (0: the scorer alone)
-    finish_prior: float = Field(default=10.0, ge=0)
+    # how advantages are estimated: "gae" (the critic's values, GAE) or "input" (input-driven
+    # baselines: `num_envs` rollouts of one arrival sequence per update, each decision's
+    # baseline the other rollouts' mean return-to-go at its time; `learner.input_baseline`)
+    advantage: Literal["gae", "input"] = "gae"
+    # weight of KL(policy || heft_history base) in the actor's loss (`model.kl_to_base`)
+    kl_coef: float = Field(default=0.0, ge=0)
+    # stop an update's epochs once the mean KL to the base passes this; None: no budget
+    kl_budget: float | None = Field(default=None, gt=0)
     # width of the network's embeddings and MLPs (`ModelConfig.hidden`)
     hidden: int = Field(default=64, ge=8, le=1024)
     # deadline slack of the training scenarios (deadline = critical path x slack), when it

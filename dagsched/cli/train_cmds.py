@@ -14,10 +14,15 @@ from dagsched.cli.context import state
 def train_cmd(
     ctx: typer.Context,
     minutes: float | None = typer.Option(None, "--minutes", min=0.05, help="Wall-clock budget."),
-    updates: int | None = typer.Option(None, "--updates", min=1, help="PPO updates to run."),
+    updates: int | None = typer.Option(
+        None,
+        "--updates",
+        min=0,
+        help="PPO updates to run (0: the heft_history base itself, with its fitted normalizer).",
+    ),
     seed: int = typer.Option(0, "--seed", min=0, help="Seed of everything random."),
     warm_start: str = typer.Option(
-        "heft_history", "--warm-start", help="Heuristic to imitate before PPO, or 'none'."
+        "none", "--warm-start", help="Heuristic to imitate before PPO, or 'none'."
     ),
     export: Path | None = typer.Option(
         None, "--export", help="Also write the model bundle to this folder (e.g. models/champion)."

@@ -6,6 +6,8 @@ numbers) and the served network's base, so both read one definition.
   x 1.15, memory at least 1.2 x the highest limit an OOM kill of the family hit), as
   fractions of every node (`demand_fractions`, clamped to the reservation bounds).
 - Candidates: alive nodes whose largest memory reservation holds the recommended memory.
+- The priority (`srpt_priority`): the less declared work the task's workflow has left, the
+  sooner it runs from a node's queue.
 - The estimated finish (`finish_s`): queued work per core, plus the wait for the node's
   first running attempt to end when the task does not fit now, plus the slowest input
   transfer, plus the predicted compute time (declared x history's runtime ratio, at the
@@ -19,11 +21,14 @@ and the exactness tests compare their results bit for bit.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-from dagsched.core.bounds import CPU_BOUNDS, MEM_BOUNDS
+from dagsched.core.bounds import CPU_BOUNDS, MEM_BOUNDS, PRIORITY_BOUNDS
 from dagsched.core.history import VPA_MARGIN, FamilySummary, predicted_use
-from dagsched.core.view import ClusterView
+from dagsched.core.view import ClusterView, TaskView
+from dagsched.core.workflow import Workflow
 
 
 def demand_fractions(
@@ -87,3 +92,46 @@ def finish_s(
     finish time, on what a deployment can know): ((queued work per core + the first running
     attempt's remaining time where it does not fit now) + input transfer) + compute."""
     return queued_per_core + np.where(fits, 0.0, first_wait_s) + transfer_s + compute_s
+
+
+# node logits = -FINISH_BETA x log(1 + estimated finish seconds): a 5% later finish is one
+# logit lower, the temperature of the base policy when actions are sampled
+FINISH_BETA = np.float32(20.0)
+# srpt: priority 1 - log10(1 + declared core-seconds left) / SRPT_DECADES, in [0, 1]
+SRPT_DECADES = 8.0
+HEFT_RETRIES = 3
+
+
+def srpt_priority(remaining_core_s: float) -> float:
+    """The priority of a workflow with this much declared work left (cores x seconds of its
+    tasks not done): higher for less, in the priority bounds, rounded to float32 (so a
+    float32 network that adds a zero residual to it answers exactly it)."""
+    p = 1.0 - math.log10(1.0 + max(0.0, remaining_core_s)) / SRPT_DECADES
+    lo, hi = PRIORITY_BOUNDS
+    return float(np.float32(lo if p < lo else hi if p > hi else p))
+
+
+def work_left_core_s(task: TaskView) -> float:
+    """Cores x seconds, declared, of the tasks of `task`'s workflow that are not done."""
+    work = np.array([t.cpu_cores * t.duration_s for t in task.workflow.tasks])
+    return float(work @ ~task.done)
+
+
+class WorkLeft:
+    """Declared work left in a task's workflow; each workflow's per-task work vector is kept
+    (a cache the caller owns: a batch, a scheduler)."""
+
+    def __init__(self, max_workflows: int = 4096) -> None:
+        self.max_workflows = max_workflows
+        self._by_wf: dict[int, tuple[Workflow, np.ndarray]] = {}
+
+    def core_s(self, task: TaskView) -> float:
+        """Cores x seconds, declared, of the tasks of `task`'s workflow that are not done."""
+        wf = task.workflow
+        hit = self._by_wf.get(id(wf))
+        if hit is None or hit[0] is not wf:
+            if len(self._by_wf) >= self.max_workflows:
+                self._by_wf.clear()
+            work = np.array([t.cpu_cores * t.duration_s for t in wf.tasks])
+            self._by_wf[id(wf)] = hit = (wf, work)
+        return float(hit[1] @ ~task.done)

@@ -24,41 +24,36 @@ Kubernetes VPA recommender (p90 of decaying histograms, +15%).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from dagsched.core.bounds import PRIORITY_BOUNDS
 from dagsched.core.demand import (
+    HEFT_RETRIES,
+    WorkLeft,
     candidates,
     demand_fractions,
     finish_s,
     fits_now,
     predicted_compute_s,
     recommended_request,
+    srpt_priority,
 )
 from dagsched.core.history import predicted_use
-from dagsched.core.observation import transfer_estimate_s
+from dagsched.core.observation import finish_logits, transfer_estimate_s
 from dagsched.core.scheduler import Placement
 from dagsched.core.ties import best_node
 from dagsched.core.view import ClusterView, TaskView
-from dagsched.core.workflow import Workflow, upward_rank
+from dagsched.core.workflow import upward_rank
 
-HEFT_RETRIES = 3
-# logits = -FINISH_BETA x log(1 + estimated finish seconds): a 5% later finish is one logit
-# lower, the temperature of the base policy when actions are sampled
-FINISH_BETA = np.float32(20.0)
 _MASKED = np.float32(-1e9)
-# srpt: priority 1 - log10(1 + declared core-seconds left) / SRPT_DECADES, in [0, 1]
-SRPT_DECADES = 8.0
 
 
 def base_logits(log_finish: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """Node logits of `heft_history` from float32 `log1p(finish_s)` values: float32, masked
-    as the model masks (its base is exactly this)."""
-    z = np.float32(-FINISH_BETA) * log_finish.astype(np.float32)
-    return np.where(mask, z, _MASKED).astype(np.float32)
+    """Node logits of `heft_history` from float32 `log1p(finish_s)` values, masked as the
+    model masks: float32 values (the model's base is exactly these), held in float64 as every
+    served path compares them (`core.ties.best_node`)."""
+    return np.where(mask, finish_logits(log_finish), _MASKED).astype(np.float32).astype(np.float64)
 
 
 def heft_order(tasks: Sequence[TaskView]) -> list[int]:
@@ -74,48 +69,26 @@ def heft_order(tasks: Sequence[TaskView]) -> list[int]:
     return sorted(range(len(tasks)), key=lambda i: -rank(tasks[i]))
 
 
-class _Work:
-    """Per workflow, each task's declared work (cores x seconds), kept for a batch."""
-
-    def __init__(self) -> None:
-        self._by_wf: dict[int, tuple[Workflow, np.ndarray]] = {}
-
-    def of(self, wf: Workflow) -> np.ndarray:
-        hit = self._by_wf.get(id(wf))
-        if hit is None or hit[0] is not wf:
-            work = np.array([t.cpu_cores * t.duration_s for t in wf.tasks])
-            self._by_wf[id(wf)] = hit = (wf, work)
-        return hit[1]
-
-
-def srpt_priority(remaining_core_s: float) -> float:
-    """`srpt`'s priority of a workflow with this much declared work left: higher for less."""
-    p = 1.0 - math.log10(1.0 + max(0.0, remaining_core_s)) / SRPT_DECADES
-    lo, hi = PRIORITY_BOUNDS
-    return lo if p < lo else hi if p > hi else p
-
-
-def _fifo(task: TaskView, work: _Work) -> float:
+def _fifo(task: TaskView, work: WorkLeft) -> float:
     return 0.0
 
 
-def _srpt(task: TaskView, work: _Work) -> float:
-    left = float(work.of(task.workflow) @ ~task.done)
-    return srpt_priority(left)
+def _srpt(task: TaskView, work: WorkLeft) -> float:
+    return srpt_priority(work.core_s(task))
 
 
-def _edf(task: TaskView, work: _Work) -> float:
+def _edf(task: TaskView, work: WorkLeft) -> float:
     wf = task.workflow
     return -(wf.arrival_s + wf.deadline_s)  # earlier deadline, higher
 
 
-def _slack(task: TaskView, work: _Work) -> float:
+def _slack(task: TaskView, work: WorkLeft) -> float:
     # the latest start that still meets the sub-deadline: earlier means less slack at any time
     wf = task.workflow
     return -(task.sub_deadline_s - wf.tasks[task.idx].duration_s)
 
 
-PRIORITY_RULES: dict[str, Callable[[TaskView, _Work], float]] = {
+PRIORITY_RULES: dict[str, Callable[[TaskView, WorkLeft], float]] = {
     "fifo": _fifo,
     "srpt": _srpt,
     "edf": _edf,
@@ -138,7 +111,7 @@ class HeftHistory:
         alive = view.alive.astype(bool)
         inv_c = 1.0 / view.cores
         first_wait = view.first_wait_s()
-        work = _Work()
+        work = WorkLeft()
         out: list[Placement | None] = [None] * len(tasks)
         for i in heft_order(tasks):
             t = tasks[i]
@@ -157,7 +130,8 @@ class HeftHistory:
             )
             mask = candidates(view, alive, rec_mem)
             node = best_node(base_logits(np.log1p(eft).astype(np.float32), mask))
-            cpu, mem = float(cpu_f[node]), float(mem_f[node])
+            # float32, as the served network holds them: the same reservations, bit for bit
+            cpu, mem = float(np.float32(cpu_f[node])), float(np.float32(mem_f[node]))
             out[i] = Placement(node, cpu, mem, HEFT_RETRIES, 0.0, self._priority(t, work))
             view.take(t, node, cpu, mem)
         return [p for p in out if p is not None]

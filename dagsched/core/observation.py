@@ -14,9 +14,12 @@ slow as soon as its finished tasks show it.
 
 What history says of the task's family (`TaskView.history`: observed count, CPU use, memory
 peak and runtime ratio percentiles, OOM kills) enters as task context, with what it
-predicts: runtime, cores and memory (`core.history.predicted_use`). The predicted request is
-also the continuous head's anchor, and the predicted finish time the finish prior's feature.
-Nothing here is hidden truth: a history comes from measured outcomes only.
+predicts: runtime, cores and memory (`core.history.predicted_use`). The `pred` node features
+are `heft_history`'s own numbers (`core.demand`): the request it would reserve, whether that
+fits now, and its estimated finish time; the observation also carries `heft_history`'s
+action at every node (`base`) and its node scores (`base_logits`), which the policy's
+residual starts from. Nothing here is hidden truth: a history comes from measured outcomes
+only.
 """
 
 from __future__ import annotations
@@ -27,14 +30,17 @@ from typing import Any
 
 import numpy as np
 
-from dagsched.core.bounds import CPU_BOUNDS, MEM_BOUNDS
 from dagsched.core.demand import (
+    FINISH_BETA,
+    HEFT_RETRIES,
     candidates,
     demand_fractions,
     finish_s,
     fits_now,
     predicted_compute_s,
     recommended_request,
+    srpt_priority,
+    work_left_core_s,
 )
 from dagsched.core.estimates import transfers_s
 from dagsched.core.history import predicted_use
@@ -97,6 +103,7 @@ CLUSTER_FEATURES: tuple[str, ...] = (
     "pred_cpu_cores",
     "pred_mem_gb",
 )
+FINISH = NODE_FEATURES.index("log_pred_finish_s")  # heft_history's estimated finish
 DAG_FEATURES: tuple[str, ...] = (
     "type_cpu",
     "type_io",
@@ -122,7 +129,10 @@ class Observation:
     dag: np.ndarray  # [n_tasks, len(DAG_FEATURES)]
     edges: np.ndarray  # [2, E] int64
     task_idx: int  # row of `dag` that is the task being placed
-    anchor: np.ndarray  # [n_nodes, 3] the predicted request per node, in the action's unit space
+    # heft_history's action at each node, in value space: CPU and memory fractions (float32,
+    # as heft_history reserves them), retries, priority
+    base: np.ndarray  # [n_nodes, 4] float32
+    base_logits: np.ndarray  # [n_nodes] float32: heft_history's node scores, unmasked
 
 
 def observation_to_dict(o: Observation) -> dict[str, Any]:
@@ -134,7 +144,8 @@ def observation_to_dict(o: Observation) -> dict[str, Any]:
         "dag": o.dag.round(6).tolist(),
         "edges": o.edges.tolist(),
         "task_idx": o.task_idx,
-        "anchor": o.anchor.round(6).tolist(),
+        "base": o.base.tolist(),
+        "base_logits": o.base_logits.tolist(),
     }
 
 
@@ -149,7 +160,8 @@ def observation_from_dict(d: dict[str, Any]) -> Observation:
             dag=np.asarray(d["dag"], dtype=np.float32),
             edges=np.asarray(d["edges"], dtype=np.int64).reshape(2, -1),
             task_idx=int(d["task_idx"]),
-            anchor=np.asarray(d["anchor"], dtype=np.float32),
+            base=np.asarray(d["base"], dtype=np.float32).reshape(-1, 4),
+            base_logits=np.asarray(d["base_logits"], dtype=np.float32),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"malformed observation record: {exc}") from None
@@ -158,20 +170,29 @@ def observation_from_dict(d: dict[str, Any]) -> Observation:
     return o
 
 
-ANCHOR_FLOOR = 0.02  # the head clamps its anchor to [ANCHOR_FLOOR, 1 - ANCHOR_FLOOR]
+ANCHOR_FLOOR = 0.02  # the head clamps its anchor (the base in unit space) to [floor, 1 - floor]
 
 
-def unit_anchor(cpu_f: np.ndarray, mem_f: np.ndarray) -> np.ndarray:
-    """The continuous head's anchor in its unit action space from reservation fractions
-    ([..., n] each): [..., n, 3] (CPU, memory, 3 retries)."""
+def base_action(
+    cpu_f: np.ndarray, mem_f: np.ndarray, priority: np.ndarray | float
+) -> np.ndarray:
+    """heft_history's action at each node ([..., n] fractions, a priority per task or one):
+    [..., n, 4] float32 (CPU, memory, `HEFT_RETRIES`, priority)."""
+    shape = np.shape(cpu_f)
     return np.stack(
         [
-            (cpu_f - CPU_BOUNDS[0]) / (CPU_BOUNDS[1] - CPU_BOUNDS[0]),
-            (mem_f - MEM_BOUNDS[0]) / (MEM_BOUNDS[1] - MEM_BOUNDS[0]),
-            np.full(np.shape(cpu_f), 0.5),
+            cpu_f,
+            mem_f,
+            np.full(shape, float(HEFT_RETRIES)),
+            np.broadcast_to(np.asarray(priority, dtype=float), shape),
         ],
         axis=-1,
     ).astype(np.float32)
+
+
+def finish_logits(log_finish: np.ndarray) -> np.ndarray:
+    """heft_history's node scores from float32 `log1p(estimated finish s)`: float32."""
+    return np.float32(-FINISH_BETA) * log_finish.astype(np.float32)
 
 
 def transfer_estimate_s(cluster: ClusterView, task: TaskView) -> np.ndarray:
@@ -354,7 +375,6 @@ def observe(
     )
 
     dag_x, edges = dag if dag is not None else dag_features(task)
-    anchor = unit_anchor(p_cpu_f, p_mem_f)
     return Observation(
         nodes=nodes,
         mask=candidates(cluster, alive, rec_mem),
@@ -362,7 +382,8 @@ def observe(
         dag=dag_x,
         edges=edges,
         task_idx=task.idx,
-        anchor=anchor,
+        base=base_action(p_cpu_f, p_mem_f, srpt_priority(work_left_core_s(task))),
+        base_logits=finish_logits(nodes[:, FINISH]),
     )
 
 

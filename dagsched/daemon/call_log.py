@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import structlog
 
+from dagsched.core.heft import heft_order
 from dagsched.core.observation import Observation, observe
 from dagsched.core.scheduler import Placement
 from dagsched.core.view import ClusterView, TaskView
@@ -89,8 +90,8 @@ SAMPLE_EVERY = 16
 
 
 def snapshot(sched: Any, view: ClusterView, tvs: list[TaskView], version: str) -> str | None:
-    """The view a model was called on, encoded, when it replays faithfully: the first task's
-    observation is recomputed from it and compared with what the scheduler observed (every
+    """The view a model was called on, encoded, when it replays faithfully: the first placed
+    task's observation is recomputed from it and compared with what the scheduler observed (every
     call of a version's first `FULL_CHECKS`, then one in `SAMPLE_EVERY`). At a mismatch (the
     observation reads something the log does not capture) the version logs nothing more,
     rather than observations the model did not see."""
@@ -99,7 +100,8 @@ def snapshot(sched: Any, view: ClusterView, tvs: list[TaskView], version: str) -
         return None
     calls = _calls[version] = _calls.get(version, 0) + 1
     checked = calls <= FULL_CHECKS or calls % SAMPLE_EVERY == 0
-    if checked and not _same(observe(view, tvs[0]), seen[0]):
+    first = heft_order(tvs)[0]  # the first task the model placed saw the view untouched
+    if checked and not _same(observe(view, tvs[first]), seen[first]):
         _unfaithful.add(version)
         log.error("decision_log.unfaithful", version=version, calls=calls)
         return None
@@ -112,7 +114,8 @@ def _same(a: Observation, b: Observation) -> bool:
         and np.array_equal(a.nodes, b.nodes)
         and np.array_equal(a.cluster, b.cluster)
         and np.array_equal(a.dag, b.dag)
-        and np.array_equal(a.anchor, b.anchor)
+        and np.array_equal(a.base, b.base)
+        and np.array_equal(a.base_logits, b.base_logits)
         and np.array_equal(a.mask, b.mask)
         and np.array_equal(a.edges, b.edges)
     )

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from dagsched.core.heft import heft_order
 from dagsched.core.history import FamilySummary
 from dagsched.core.observation import Observation, observe
 from dagsched.core.view import ClusterView, TaskView
@@ -165,23 +166,28 @@ def task_view_from(rec: LoggedTaskMsg, wf: Workflow) -> TaskView:
 def batch_observations(
     msg: DecisionBatchMsg, workflow: Callable[[str], Workflow | None]
 ) -> list[Observation | None]:
-    """Per task of the batch, in order, the observation the policy saw: `observe` on the view
-    with the earlier tasks' placements taken. None from the first task whose workflow
-    `workflow(id)` does not know (the later ones depend on its placement), and for all tasks
-    of a batch without a view (the fallback's)."""
+    """Per task of the batch, the observation the policy saw: in the order the model placed
+    them (`core.heft.heft_order`), `observe` on the view with the earlier placements taken.
+    All None when `workflow(id)` does not know one of the batch's workflows (the others may
+    depend on its placement), and for a batch without a view (the fallback's)."""
     out: list[Observation | None] = [None] * len(msg.tasks)
     if msg.view is None:
         return out
     view = decode_view(msg.view).batch_copy()
-    for i, rec in enumerate(msg.tasks):
+    tvs: list[TaskView] = []
+    for rec in msg.tasks:
         wf = workflow(rec.workflow_id)
         if wf is None:
             break
-        tv = task_view_from(rec, wf)
         if not 0 <= rec.node_index < view.n:
             raise DecisionLogError(f"task record {rec.task_key}: node {rec.node_index} unknown")
-        out[i] = observe(view, tv)
-        view.take(tv, rec.node_index, rec.cpu, rec.mem)
+        tvs.append(task_view_from(rec, wf))
+    if len(tvs) < len(msg.tasks):  # the placing order needs every task of the call
+        return out
+    for i in heft_order(tvs):  # the order the model placed them in
+        rec = msg.tasks[i]
+        out[i] = observe(view, tvs[i])
+        view.take(tvs[i], rec.node_index, rec.cpu, rec.mem)
     return out
 
 

@@ -185,6 +185,14 @@ class OutcomeJoiner:
         waiting = self.wait_for_log and d.arm != "fallback" and p.log is None
         if waiting and now - p.seen_wall < self.timeout_s / 10:
             return []  # the observation is on its way on the decision log
+        if p.log is not None and now - p.seen_wall < self.timeout_s:
+            # a batch's observations replay in the order its tasks were placed, so every
+            # workflow of the batch is needed, not only this decision's
+            missing = [w for w in p.log.workflow_ids if w not in self.workflows]
+            for w in missing:
+                self.waiting.setdefault(w, set()).add(key)
+            if missing:
+                return []
         del self.pending[key]
         return [self._join(key, p, default=False)]
 

@@ -32,6 +32,7 @@ class Transition:
     reward: float = 0.0
     known: bool = False
     done: bool = False
+    at: float = 0.0  # simulated time of the decision
 
 
 @dataclass
@@ -90,26 +91,60 @@ class RolloutWorker:
                 self.buffer[-1].done = True
             self.sim = self._new_sim()
             return
-        placements = scheduler.place(
-            cluster_view(self.sim), [task_view(t, self.sim) for t in batch]
-        )
-        decisions = []
-        for t, o, p, u, v in zip(
-            batch,
-            scheduler.last_observations,
-            placements,
-            scheduler.last_units,
-            scheduler.last_values,
-            strict=True,
-        ):
-            tr = Transition(o, p.node, u, p.log_prob, v)
-            old = self.pending.pop((t.run.wf.id, t.idx, t.attempt), None)
-            if old is not None:  # requeued by a node crash before it ever started
-                old.known = True
-            self.pending[(t.run.wf.id, t.idx, t.attempt)] = tr
-            self.buffer.append(tr)
-            decisions.append(Decision(t, p.node, p.cpu, p.mem, p.max_retries, p.priority))
-        self.sim.apply(decisions, batch)
+        self.buffer += place_batch(self.sim, batch, scheduler, self.pending)
+
+
+def place_batch(
+    sim: Simulator,
+    batch: list[TaskRun],
+    scheduler: GNNScheduler,
+    pending: dict[tuple[str, int, int], Transition],
+) -> list[Transition]:
+    """`scheduler` places `batch` in `sim`; one transition per decision, registered in
+    `pending` (by workflow, task and attempt) until its outcome fills in the reward."""
+    placements = scheduler.place(cluster_view(sim), [task_view(t, sim) for t in batch])
+    decisions, out = [], []
+    for t, o, p, u, v in zip(
+        batch,
+        scheduler.last_observations,
+        placements,
+        scheduler.last_units,
+        scheduler.last_values,
+        strict=True,
+    ):
+        tr = Transition(o, p.node, u, p.log_prob, v, at=sim.now)
+        old = pending.pop((t.run.wf.id, t.idx, t.attempt), None)
+        if old is not None:  # requeued by a node crash before it ever started
+            old.known = True
+        pending[(t.run.wf.id, t.idx, t.attempt)] = tr
+        out.append(tr)
+        decisions.append(Decision(t, p.node, p.cpu, p.mem, p.max_retries, p.priority))
+    sim.apply(decisions, batch)
+    return out
+
+
+def play_episode(
+    scenario: ScenarioConfig, workflows: list[Workflow], seed: int, scheduler: GNNScheduler
+) -> tuple[list[Transition], dict[str, float]]:
+    """One whole episode of `workflows` in a simulator seeded `seed`: its transitions, each
+    reward known (0 for a task cancelled before its outcome), and the run's metrics. The
+    same arguments give the same world; only the scheduler's sampled actions differ."""
+    pending: dict[tuple[str, int, int], Transition] = {}
+
+    def on_outcome(t: TaskRun, o: TaskOutcome, r: float) -> None:
+        tr = pending.pop((t.run.wf.id, t.idx, t.attempt), None)
+        if tr is not None:
+            tr.reward, tr.known = r, True
+
+    sim = Simulator(scenario, workflows, seed=seed, on_outcome=on_outcome)
+    out: list[Transition] = []
+    while (batch := sim.advance()) is not None:
+        out += place_batch(sim, batch, scheduler, pending)
+    for tr in pending.values():
+        tr.known = True
+    if out:
+        out[-1].done = True
+    return out, sim.summary()
 
 
 def stack(transitions: list[Transition]) -> dict[str, np.ndarray]:

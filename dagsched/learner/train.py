@@ -1,10 +1,16 @@
 """Offline PPO on the simulator, readable like CleanRL's `ppo.py`.
 
-1. Fit the feature normalizer on curriculum episodes played by a heuristic (heft_history).
-2. Optionally warm-start the actor by imitating that heuristic (a few supervised epochs).
-3. PPO: `num_envs` simulators, rollout length min(2048, 3 x mean DAG size) rounded down to a
-   multiple of 64 per simulator, GAE, `update_epochs` epochs of minibatches, clipped loss,
-   gradient-norm clip, entropy bonus.
+1. Fit the feature normalizer on curriculum episodes played by the model's base
+   (heft_history with SRPT priorities): the untrained residual model decides exactly as it.
+2. Optionally imitate a heuristic (a few supervised epochs; not needed for the base).
+3. The value head alone on the base's rollouts (`critic_warmup_updates`), so the first
+   advantages are not noise.
+4. PPO: advantages either by GAE on `num_envs` simulators (rollout length min(2048, 3 x mean
+   DAG size) rounded down to a multiple of 64 per simulator), or input-driven
+   (`advantage: input`: `num_envs` whole episodes of one arrival sequence per update, each
+   decision's baseline the other episodes' return from its time on; `learner.input_baseline`);
+   `update_epochs` epochs of minibatches, clipped loss, gradient-norm clip, entropy bonus,
+   and a KL term and budget to the heft_history base (`kl_coef`, `kl_budget`).
 Metrics go to a callback keyed by path (`losses/approx_kl`, `charts/episode_sla`).
 """
 
@@ -22,10 +28,11 @@ import torch
 
 from dagsched.core.observation import ANCHOR_FLOOR, Observation, observe
 from dagsched.learner.curriculum import Curriculum
+from dagsched.learner.input_baseline import input_driven_advantages, returns_to_go
 from dagsched.learner.ppo_math import compute_gae, ppo_loss
-from dagsched.learner.rollout import RolloutWorker, stack
+from dagsched.learner.rollout import RolloutWorker, Transition, play_episode, stack
 from dagsched.policy.collate import collate
-from dagsched.policy.model import ActorCritic, ModelConfig, evaluate, to_unit
+from dagsched.policy.model import ActorCritic, ModelConfig, evaluate, kl_to_base, to_unit
 from dagsched.policy.normalizer import FeatureNormalizer
 from dagsched.policy.scheduler import GNNScheduler
 from dagsched.service_config import TrainSettings
@@ -35,6 +42,8 @@ from dagsched.sim.runner import make_policy
 from dagsched.sim.snapshot import cluster_view, task_view
 
 MetricsSink = Callable[[dict[str, float], int], None]
+# the heuristic the model's residual starts at: it plays the episodes the normalizer is fitted on
+BASE_POLICY = "heft_history_srpt"
 
 
 @dataclass
@@ -121,10 +130,8 @@ def demonstrations(
                 obs.append(observe(view, tv))
                 view.take(tv, d.node, d.cpu, d.mem)
                 nodes.append(d.node)
-                # The anchor is the teacher's reservation (`observation.recommended_request`),
-                # so the imitated shift is 0; a request at a bound is imitated at the anchor's
-                # clamp, not by a shift that would drag every other task's mean with it.
-                u = to_unit(torch.tensor([d.cpu, d.mem, float(d.max_retries)]))
+                # heft_history_srpt is the model's base: imitating it leaves the shifts at 0
+                u = to_unit(torch.tensor([d.cpu, d.mem, float(d.max_retries), d.priority]))
                 units.append(u.clamp(ANCHOR_FLOOR, 1 - ANCHOR_FLOOR).tolist())
             sim.apply(decisions, batch)
     return obs, nodes, units
@@ -172,7 +179,7 @@ def train(
     updates: int | None = None,
     minutes: float | None = None,
     seed: int = 0,
-    warm_start: str | None = "heft_history",
+    warm_start: str | None = None,
     checkpoint: Path | None = None,
     imitation_episodes: int = 8,
     imitation_epochs: int = 4,
@@ -188,7 +195,7 @@ def train(
     seed_everything(seed)
     started = time.perf_counter()
     curriculum = Curriculum(scenario, load=hp.load_range)
-    model = ActorCritic(ModelConfig(hidden=hp.hidden, finish_prior=hp.finish_prior)).to(device)
+    model = ActorCritic(ModelConfig(hidden=hp.hidden)).to(device)
     critic = [p for n, p in model.named_parameters() if n.split(".")[0] == "critic"]
     rest = [p for n, p in model.named_parameters() if n.split(".")[0] != "critic"]
     # one parameter group unless the critic has its own rate: checkpoints of runs before
@@ -214,7 +221,7 @@ def train(
         demo_obs, demo_nodes, demo_units = demonstrations(
             curriculum,
             episodes=imitation_episodes,
-            teacher=warm_start or "least_loaded",
+            teacher=warm_start or BASE_POLICY,
             seed=seed,
         )
         normalizer = FeatureNormalizer().fit(demo_obs)
@@ -242,11 +249,37 @@ def train(
     decisions = 0
     deadline = started + minutes * 60 if minutes is not None else float("inf")
 
+    rounds = [0]
+    episodes: list[dict[str, float]] = []
+
+    def collect_input(sched: GNNScheduler) -> tuple[list[Observation], dict[str, np.ndarray]]:
+        """`num_envs` whole episodes of one arrival sequence, input-driven advantages."""
+        sequence = seed * 1_000_003 + start_update * 7 + rounds[0]
+        rounds[0] += 1
+        sc, wfs = curriculum(sequence)
+        played: list[list[Transition]] = []
+        for _ in range(hp.num_envs):  # the same world; only the sampled actions differ
+            trs, summary = play_episode(sc, wfs, sequence, sched)
+            played.append(trs)
+            episodes.append(summary)
+        rewards = [np.array([t.reward for t in trs]) for trs in played]
+        advs = input_driven_advantages([np.array([t.at for t in trs]) for trs in played], rewards)
+        parts = []
+        for trs, adv, rew in zip(played, advs, rewards, strict=True):
+            arr = stack(trs)
+            arr["raw_reward"] = arr["reward"]
+            arr["advantage"], arr["return"] = adv, returns_to_go(rew)
+            parts.append(arr)
+        b_obs = [normalizer.transform(t.obs) for trs in played for t in trs]
+        return b_obs, {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
     def collect() -> tuple[list[Observation], dict[str, np.ndarray]]:
         if actor is not model:
             actor.load_state_dict(model.state_dict())
         model.eval()
         sched = GNNScheduler(actor, normalizer, "training", deterministic=False)
+        if hp.advantage == "input":
+            return collect_input(sched)
         b_obs: list[Observation] = []
         parts: list[dict[str, np.ndarray]] = []
         for i, w in enumerate(workers):
@@ -266,7 +299,7 @@ def train(
 
     # The value head alone, on rollouts of the frozen warm-started actor: until it is fitted,
     # PPO's advantages are noise that moves the policy away from its start.
-    if warm_start and warmed < hp.critic_warmup_updates:
+    if warmed < hp.critic_warmup_updates:
         curriculum.progress = 0.0 if hp.curriculum else 1.0
         critic_opt = torch.optim.Adam(critic, lr=hp.critic_lr or hp.learning_rate, eps=1e-5)
         while warmed < hp.critic_warmup_updates and time.perf_counter() < deadline:
@@ -295,9 +328,10 @@ def train(
         update += 1
         metrics["charts/mean_reward"] = float(b["raw_reward"].mean())
         metrics["losses/explained_variance"] = explained_variance(b["value"], b["return"])
-        finished = [s for w in workers for s in w.stats.summaries]
+        finished = [s for w in workers for s in w.stats.summaries] + episodes
         for w in workers:
             w.stats.summaries.clear()
+        episodes.clear()
         if finished:
             metrics["charts/episode_sla"] = float(np.mean([s["sla_attainment"] for s in finished]))
             metrics["charts/episode_jct_s"] = float(np.mean([s["mean_jct_s"] for s in finished]))
@@ -331,9 +365,13 @@ def _ppo_update(
     t = {k: torch.as_tensor(v, device=device) for k, v in b.items()}
     inds = np.arange(n)
     last: dict[str, Any] = {}
+    epochs = 0
     for _epoch in range(hp.update_epochs):
         if hp.target_kl is not None and last and float(last["losses/approx_kl"]) > hp.target_kl:
             break  # the policy has moved far enough from the one that collected the data
+        if hp.kl_budget is not None and last and float(last["losses/kl_to_base"]) > hp.kl_budget:
+            break  # as far from heft_history as this update may take it
+        epochs += 1
         np.random.shuffle(inds)
         for start in range(0, n, hp.minibatch_size):
             mb = inds[start : start + hp.minibatch_size]
@@ -352,8 +390,11 @@ def _ppo_update(
                 hp.ent_coef,
                 hp.vf_coef,
             )
+            kl_base = kl_to_base(
+                out, batch.base_logits, batch.mask, batch.anchor, t["node"][mbt]
+            ).mean()
             opt.zero_grad()
-            actor_loss = parts.pg_loss - hp.ent_coef * parts.entropy
+            actor_loss = parts.pg_loss - hp.ent_coef * parts.entropy + hp.kl_coef * kl_base
             if hp.value_trunk_grad:
                 (actor_loss + hp.vf_coef * parts.v_loss).backward()
             else:  # the value loss reaches the value head only
@@ -370,8 +411,9 @@ def _ppo_update(
                 "losses/entropy": parts.entropy,
                 "losses/approx_kl": parts.approx_kl,
                 "losses/clipfrac": parts.clipfrac,
+                "losses/kl_to_base": kl_base,
             }
-    return {k: float(v.detach()) for k, v in last.items()}
+    return {**{k: float(v.detach()) for k, v in last.items()}, "losses/epochs": float(epochs)}
 
 
 def _value_update(
@@ -397,7 +439,9 @@ def _value_update(
                 dag = model.encode_dag(
                     batch.dag_x, batch.dag_edges, batch.dag_batch, batch.this_task, len(mb)
                 )
-            out = model.heads(batch.nodes, batch.mask, batch.cluster, dag, batch.anchor)
+            out = model.heads(
+                batch.nodes, batch.mask, batch.cluster, dag, batch.anchor, batch.base_logits
+            )
             v_loss = 0.5 * ((out.value - returns[torch.as_tensor(mb, device=device)]) ** 2).mean()
             opt.zero_grad()
             v_loss.backward()

@@ -5,7 +5,9 @@ cluster features [Fc], the DAG's task features [T, Fd]), from a baseline of zero
 normalised space, which is the training-mean observation (the normalizer is a StandardScaler
 fitted with the model). The discrete parts of the observation (DAG edges, which task is being
 placed, the alive mask, the demand anchor of the continuous head) are held fixed and passed as
-additional forward arguments, so the attributions answer "how did the feature *values* of this
+additional forward arguments - except heft_history's node scores, the base of the node
+logits, which move with the node's estimated-finish feature they are computed from - so the
+attributions answer "how did the feature *values* of this
 observation move the output away from what the model outputs for an average observation".
 
 Targets, all recomputed with the model version that made the decision:
@@ -44,7 +46,9 @@ import torch
 from captum.attr import IntegratedGradients
 from torch import Tensor
 
-from dagsched.core.observation import Observation
+from dagsched.core.bounds import to_unit
+from dagsched.core.demand import FINISH_BETA
+from dagsched.core.observation import FINISH, Observation
 from dagsched.core.ties import best_node
 from dagsched.policy.explanation import (
     CORE_TARGETS,
@@ -76,23 +80,45 @@ def runner_up_of(logits: np.ndarray, mask: np.ndarray, chosen: int) -> int | Non
     return best if np.isfinite(cand[best]) else None
 
 
-def _forward(model: ActorCritic, chosen: int, runner_up: int, names: Sequence[str]) -> Any:
-    """f(nodes [k,N,Fn], cluster [k,Fc], dag [k,T,Fd], mask, anchor, shape) -> [k, targets]."""
+def _forward(
+    model: ActorCritic, chosen: int, runner_up: int, names: Sequence[str], finish_slope: float
+) -> Any:
+    """f(nodes [k,N,Fn], cluster [k,Fc], dag [k,T,Fd], mask, anchor, base logits, the
+    observation's normalised finish column, shape) -> [k, targets]."""
     col = {name: i for i, name in enumerate(names)}
 
     def f(
-        nodes: Tensor, cluster: Tensor, dag: Tensor, mask: Tensor, anchor: Tensor, shape: _DagShape
+        nodes: Tensor,
+        cluster: Tensor,
+        dag: Tensor,
+        mask: Tensor,
+        anchor: Tensor,
+        base_logits: Tensor,
+        finish0: Tensor,
+        shape: _DagShape,
     ) -> Tensor:
+        # heft_history's node scores are -beta x the estimated finish feature: moved with
+        # it (linear, exact at the observation), so the base's part of a choice is
+        # attributed to `log_pred_finish_s` rather than held fixed
+        base_logits = base_logits + finish_slope * (nodes[..., FINISH] - finish0)
         k, t = dag.shape[0], dag.shape[1]
         off = torch.arange(k) * t
         edges = (shape.edges[:, None, :] + off[None, :, None]).reshape(2, -1)
         batch = torch.arange(k).repeat_interleave(t)
         out = model(
-            nodes, mask, cluster, dag.reshape(k * t, -1), edges, batch, off + shape.task_idx, anchor
+            nodes,
+            mask,
+            cluster,
+            dag.reshape(k * t, -1),
+            edges,
+            batch,
+            off + shape.task_idx,
+            anchor,
+            base_logits,
         )
         logits = out.logits
-        mean = out.conc[..., 0] / out.conc.sum(-1)  # [k, N, 3] Beta means in unit space
-        values = from_unit(mean[:, chosen])  # [k, 3] real units
+        mean = out.conc[..., 0] / out.conc.sum(-1)  # [k, N, 4] Beta means in unit space
+        values = from_unit(mean[:, chosen])  # [k, 4] real units
         cols = {
             "logit_chosen": logits[:, chosen],
             "logit_runner_up": logits[:, runner_up],
@@ -100,6 +126,7 @@ def _forward(model: ActorCritic, chosen: int, runner_up: int, names: Sequence[st
             "cpu": values[:, 0],
             "mem": values[:, 1],
             "max_retries": values[:, 2],
+            "priority": values[:, 3],
             "node_scores": torch.where(mask, logits, torch.zeros_like(logits)).sum(1),
         }
         return torch.stack([cols[n] for n in sorted(col, key=col.__getitem__)], dim=1)
@@ -131,7 +158,8 @@ def explain_observation(
     cluster = torch.from_numpy(np.ascontiguousarray(norm.cluster, dtype=np.float32))[None]
     dag = torch.from_numpy(np.ascontiguousarray(norm.dag, dtype=np.float32))[None]
     mask = torch.from_numpy(np.asarray(obs.mask, dtype=bool))[None]
-    anchor = torch.from_numpy(np.ascontiguousarray(obs.anchor, dtype=np.float32))[None]
+    anchor = torch.from_numpy(to_unit(obs.base))[None]
+    base_logits = torch.from_numpy(np.asarray(obs.base_logits, dtype=np.float32))[None]
     edges = torch.from_numpy(np.asarray(obs.edges, dtype=np.int64).reshape(2, -1))
     shape = _DagShape(torch.cat([edges, edges.flip(0)], dim=1), dag.shape[1], obs.task_idx)
 
@@ -146,6 +174,7 @@ def explain_observation(
             torch.zeros(dag.shape[1], dtype=torch.long),
             torch.tensor([obs.task_idx]),
             anchor,
+            base_logits,
         )
         logits = out.logits[0].numpy().astype(np.float64)
     if chosen is None:
@@ -162,7 +191,9 @@ def explain_observation(
     names = [t for t in wanted if t != "logit_gap"]
     if "logit_gap" in wanted:
         names += [t for t in ("logit_chosen", "logit_runner_up") if t not in names]
-    f = _forward(model, chosen, runner_up if runner_up is not None else chosen, names)
+    _, inv = normalizer.stats("nodes")
+    slope = float(-FINISH_BETA / inv[FINISH])  # d(base logit) / d(normalised finish)
+    f = _forward(model, chosen, runner_up if runner_up is not None else chosen, names, slope)
     k = len(names)
     inputs = (
         nodes.expand(k, -1, -1).contiguous(),
@@ -170,7 +201,13 @@ def explain_observation(
         dag.expand(k, -1, -1).contiguous(),
     )
     baselines = tuple(torch.zeros_like(x) for x in inputs)
-    extra = (mask.expand(k, -1).contiguous(), anchor.expand(k, -1, -1).contiguous(), shape)
+    extra = (
+        mask.expand(k, -1).contiguous(),
+        anchor.expand(k, -1, -1).contiguous(),
+        base_logits.expand(k, -1).contiguous(),
+        nodes[..., FINISH].expand(k, -1).contiguous(),
+        shape,
+    )
     ig = IntegratedGradients(f)
     attrs, delta = ig.attribute(
         inputs,

@@ -9,7 +9,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from dagsched.core.bounds import ACTION_NAMES, to_unit
 from dagsched.core.observation import Observation
+
+N_CONT = len(ACTION_NAMES)
 
 
 @dataclass
@@ -23,7 +26,8 @@ class ObsBatch:
     dag_edges: Tensor
     dag_batch: Tensor
     this_task: Tensor
-    anchor: Tensor
+    anchor: Tensor  # heft_history's action per node, in the head's unit space
+    base_logits: Tensor  # heft_history's node scores
 
     def to(self, device: torch.device) -> ObsBatch:
         return ObsBatch(*(getattr(self, f).to(device) for f in self.__dataclass_fields__))
@@ -38,6 +42,7 @@ class ObsBatch:
             self.dag_batch,
             self.this_task,
             self.anchor,
+            self.base_logits,
         )
 
 
@@ -66,12 +71,14 @@ def collate(obs: Sequence[Observation]) -> ObsBatch:
     f = obs[0].nodes.shape[1]
     nodes = np.zeros((b, n, f), dtype=np.float32)
     mask = np.zeros((b, n), dtype=bool)
-    anchor = np.full((b, n, 3), 0.5, dtype=np.float32)
+    anchor = np.full((b, n, N_CONT), 0.5, dtype=np.float32)
+    base_logits = np.zeros((b, n), dtype=np.float32)
     for i, o in enumerate(obs):
         k = o.nodes.shape[0]
         nodes[i, :k] = o.nodes
         mask[i, :k] = o.mask
-        anchor[i, :k] = o.anchor
+        anchor[i, :k] = to_unit(o.base)
+        base_logits[i, :k] = o.base_logits
     dag_x, dag_edges, dag_batch, this_task = collate_dags(
         [(o.dag, o.edges) for o in obs], [o.task_idx for o in obs]
     )
@@ -84,4 +91,5 @@ def collate(obs: Sequence[Observation]) -> ObsBatch:
         dag_batch=dag_batch,
         this_task=this_task,
         anchor=torch.from_numpy(anchor),
+        base_logits=torch.from_numpy(base_logits),
     )

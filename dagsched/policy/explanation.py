@@ -35,6 +35,7 @@ TARGETS: dict[str, tuple[str, str]] = {
     "cpu": ("CPU reservation (Beta mean at the chosen node)", "fraction of node cores"),
     "mem": ("memory reservation (Beta mean at the chosen node)", "fraction of node memory"),
     "max_retries": ("max retries (Beta mean at the chosen node)", "retries"),
+    "priority": ("priority in the node's queue (Beta mean at the chosen node)", "priority"),
     "node_scores": ("sum of alive nodes' logits (per-node heatmap)", "logit"),
 }
 CORE_TARGETS: tuple[str, ...] = tuple(t for t in TARGETS if t != "node_scores")

@@ -12,9 +12,10 @@ Per batch (`place_fast`):
 
 Per task, in order: its node features on the view as the earlier placements left it (only
 the features that read free resources and queues), the rows that differ from the snapshot's
-re-embedded, its context, logits as `tanh(node part + context part) @ w`, the node (argmax,
-or sampled), the continuous head at that node only, log-probabilities in closed form (log
-softmax; the Beta density by `lgamma`), then `ClusterView.take`. No torch, no distribution
+re-embedded, its context, logits as `tanh(node part + context part) @ w` plus heft_history's
+node scores, the node (argmax, or sampled), the continuous head at that node only (served:
+heft_history's values there moved by the head's residual), log-probabilities in closed form
+(log softmax; the Beta density by `lgamma`), then `ClusterView.take`. No torch, no distribution
 objects. The numbers are the plain forward pass's to float rounding
 (`tests/policy/test_fast_exact.py`).
 """
@@ -29,14 +30,14 @@ from types import ModuleType
 
 import numpy as np
 
-from dagsched.core.bounds import ACTION_LOW as LOW
-from dagsched.core.bounds import ACTION_SPAN as SPAN
-from dagsched.core.observation import ANCHOR_FLOOR, Observation
+from dagsched.core.bounds import ACTION_HIGH, ACTION_LOW, UNIT_SPAN, to_unit
+from dagsched.core.demand import FINISH_BETA
+from dagsched.core.observation import ANCHOR_FLOOR, FINISH, Observation, finish_logits
 from dagsched.core.scheduler import Placement
 from dagsched.core.ties import best_node
 from dagsched.core.view import ClusterView, TaskView
 from dagsched.policy.lazy_observations import LazyObservations
-from dagsched.policy.model import CONC_SCALE, FINISH
+from dagsched.policy.model import CONC_SCALE, N_CONT, action_values
 from dagsched.policy.numpy_net import F32, NumpyNet, batch_graph
 from dagsched.policy.vectorised_observation import DYNAMIC, BatchObservation, DagCache
 
@@ -71,7 +72,7 @@ def place_fast(
     xn = net.normalize("nodes", obs.nodes0)  # [B, n, F]
     emb = net.node_embed(xn)
     part = net.scorer_node_part(emb)
-    prior = net.prior_part(xn)  # [B, n]
+    prior = net.base_part(finish_logits(obs.nodes0[..., FINISH]))  # [B, n]
     masks = obs.masks  # [B, n]: the nodes each task may take
     weight = masks.astype(F32)
     emb_sum = np.einsum("bn,bnh->bh", weight, emb).astype(np.float64)  # [B, H]
@@ -87,7 +88,7 @@ def place_fast(
             e = net.node_embed(x)
             emb_sum[i] += weight[i, changed] @ (e - emb[i, changed])
             emb[i, changed], part[i, changed] = e, net.scorer_node_part(e)
-            prior[i, changed] = net.prior_part(x)
+            prior[i, changed] = net.base_part(finish_logits(nodes[changed, FINISH]))
         cl = obs.cluster(i)
         c_score, c_cont, c_value = net.context_parts(
             net.context(net.normalize("cluster", cl), dag_part[i])
@@ -96,11 +97,10 @@ def place_fast(
         if not everywhere[i]:
             logits = np.where(masks[i], logits, _MASKED)
         node, node_logp = _choose(logits, rng)
-        unit, beta_logp = _continuous(net.cont_raw(emb[i, node], c_cont), obs.anchor[i, node], rng)
-        vals = LOW + unit * SPAN
-        p = Placement(
-            node, float(vals[0]), float(vals[1]), round(float(vals[2])), node_logp + beta_logp
-        )
+        base = obs.base[i, node]
+        unit, delta, beta_logp = _continuous(net.cont_raw(emb[i, node], c_cont), to_unit(base), rng)
+        cpu, mem, retries, priority = action_values(base, delta, unit, rng is None)
+        p = Placement(node, cpu, mem, retries, node_logp + beta_logp, priority)
         out.placements.append(p)
         seen.append(obs.observation(i, nodes, cl))
         out.units.append([float(u) for u in unit])
@@ -172,18 +172,18 @@ def _place_compiled(
 
     v, b = obs.view, len(obs.tasks)
     row_of, first = distinct_rows(obs.nodes0)
-    xn = net.normalize("nodes", obs.nodes0.reshape(-1, obs.nodes0.shape[-1])[first])
-    emb = net.node_embed(xn)  # [U, H]
+    rows = obs.nodes0.reshape(-1, obs.nodes0.shape[-1])[first]
+    emb = net.node_embed(net.normalize("nodes", rows))  # [U, H]
     part = net.scorer_node_part(emb)
-    prior = net.prior_part(xn)  # [U]
+    prior = net.base_part(finish_logits(rows[:, FINISH]))  # [U]
     count = np.maximum(1.0, obs.masks.sum(axis=1))
     specs = [t.workflow.tasks[t.idx] for t in obs.tasks]
     f64 = np.float64
     live = [np.array(a, dtype=f64) for a in (v.free_cores, v.free_mem, v.queue_len)]
     live.append(np.array(v.queued_core_s, dtype=f64))
     node = np.empty(b, dtype=np.int64)
-    vals = np.empty((b, 3), dtype=F32)
-    unit = np.empty((b, 3), dtype=F32)
+    vals = np.empty((b, N_CONT), dtype=F32)
+    unit = np.empty((b, N_CONT), dtype=F32)
     logp = np.empty(b, dtype=f64)
     value = np.empty(b, dtype=F32)
     n_mean, n_inv = net.norm["nodes"]
@@ -204,13 +204,14 @@ def _place_compiled(
         c(obs.compute),
         c(obs.p_compute),
         c(obs.compute_mean),
-        c(obs.p_compute_mean),
+        c(obs.first_wait, dtype=f64),
         c(obs.transfer),
         c(obs.cold[:, 0]),
         np.array([s.duration_s for s in specs], dtype=f64),
         np.array([int(s.type) for s in specs], dtype=np.int64),
         c(obs.masks),
-        c(obs.anchor),
+        c(to_unit(obs.base)),
+        c(obs.base),
         c(obs.cluster0, dtype=f64),
         obs.nodes0,
         _DYNAMIC,
@@ -226,8 +227,7 @@ def _place_compiled(
         net.sc1_b,
         c(net.sc2.w[:, 0]),
         net.sc2.b[0],
-        F32(net.prior_beta or 0.0),
-        net.prior_beta is not None,
+        F32(-FINISH_BETA),
         FINISH,
         c(net.cl1_cluster),
         net.cl1_b,
@@ -243,8 +243,9 @@ def _place_compiled(
         c(net.cr2.w[:, 0]),
         net.cr2.b[0],
         float(CONC_SCALE),
-        LOW,
-        SPAN,
+        ACTION_LOW,
+        ACTION_HIGH,
+        UNIT_SPAN,
         row_of,
         emb,
         part,
@@ -258,7 +259,7 @@ def _place_compiled(
         value,
     )
     placements = [
-        Placement(int(k), float(x[0]), float(x[1]), round(float(x[2])), float(lp))
+        Placement(int(k), float(x[0]), float(x[1]), round(float(x[2])), float(lp), float(x[3]))
         for k, x, lp in zip(node.tolist(), vals, logp.tolist(), strict=True)
     ]
     return Placed(placements, units=unit.tolist(), values=value.tolist()), live
@@ -313,17 +314,19 @@ def _choose(logits: np.ndarray, rng: np.random.Generator | None) -> tuple[int, f
 
 def _continuous(
     raw: np.ndarray, anchor: np.ndarray, rng: np.random.Generator | None
-) -> tuple[np.ndarray, float]:
-    """The three unit values (Beta means, or samples) and their summed Beta log-density, from
-    the continuous head's output at the chosen node, as `ActorCritic.heads` defines them:
-    mean = sigmoid(logit(anchor) + shift), concentration = CONC_SCALE (2 + softplus(k + 2))."""
-    unit = np.empty(3, dtype=F32)
+) -> tuple[np.ndarray, np.ndarray, float]:
+    """The four unit values (Beta means, or samples), the served move of each from its anchor
+    (heft_history's value, unit space) and their summed Beta log-density, from the continuous
+    head's output at the chosen node, as `ActorCritic.heads` defines them: mean = anchor +
+    `model.residual(anchor, shift)`, concentration = CONC_SCALE (2 + softplus(k + 2))."""
+    unit = np.empty(N_CONT, dtype=F32)
+    delta = np.empty(N_CONT, dtype=F32)
     logp = 0.0
-    for j in range(3):
+    for j in range(N_CONT):
         a = min(max(float(anchor[j]), ANCHOR_FLOOR), 1 - ANCHOR_FLOOR)
-        z = math.log(a) - math.log1p(-a) + float(raw[2 * j])
-        mean = 1.0 / (1.0 + math.exp(-z)) if z >= 0 else math.exp(z) / (1.0 + math.exp(z))
-        mean = min(max(mean, 1e-3), 1 - 1e-3)
+        d = _residual(a, float(raw[2 * j]))
+        delta[j] = d
+        mean = min(max(a + d, 1e-3), 1 - 1e-3)
         k = float(raw[2 * j + 1]) + 2.0
         kappa = CONC_SCALE * (2.0 + (k if k > 20.0 else math.log1p(math.exp(k))))
         al, be = mean * kappa, (1.0 - mean) * kappa
@@ -337,4 +340,11 @@ def _continuous(
             - math.lgamma(al)
             - math.lgamma(be)
         )
-    return unit, logp
+    return unit, delta, logp
+
+
+def _residual(a: float, shift: float) -> float:
+    """`model.residual` for one value: exactly 0 for a zero shift."""
+    e = math.exp(-abs(shift))
+    up = a * (1.0 - a) * -math.expm1(-abs(shift))
+    return up / (a + (1.0 - a) * e) if shift >= 0 else -up / (1.0 - a + a * e)

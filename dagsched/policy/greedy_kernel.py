@@ -1,23 +1,24 @@
 """The served fast path's per-task loop, compiled (numba): a batch placed greedily in order.
 
 `fast_place.place_fast` computes, once per batch, the node embedding, the node half of the
-scorer and the prior part of every distinct (task, node) row (`distinct_rows`: equal
-feature rows share them; large matrix products, numpy's BLAS); `row_of[i, j]` names the
-row of task i at node j. What must run task by task, in order - each task seeing the
-earlier placements - is here, in one compiled call for the whole batch, with no Python or
-numpy call per task:
+scorer and the base part (heft_history's node score) of every distinct (task, node) row
+(`distinct_rows`: equal feature rows share them; large matrix products, numpy's BLAS);
+`row_of[i, j]` names the row of task i at node j. What must run task by task, in order -
+each task seeing the earlier placements - is here, in one compiled call for the whole
+batch, with no Python or numpy call per task:
 
 - the nodes earlier placements touched: their DYNAMIC node features recomputed from the
   live load (`BatchObservation._dynamic`'s expressions), normalised and embedded again (the
-  node MLP, the scorer's node half, the prior) into the task's own scratch rows;
+  node MLP, the scorer's node half, heft_history's score) into the task's own scratch rows;
 - the critic's sum of the candidates' embeddings: each distinct row once, times how many
   untouched candidates share it, plus the touched candidates' own rows;
 - the four cluster load aggregates on the live load, the context (cluster MLP on them and
   the DAG part), the context's parts of the scorer, continuous head and critic;
-- logits as `tanh(node part + context part) @ w + prior` (once per distinct row and task),
+- logits as `tanh(node part + context part) @ w + base` (once per distinct row and task),
   masked; the node is the first
   within `TIE_TOL` of the best (`ties.best_node`); its log-softmax;
-- the continuous head at that node, the Beta means and their log-density (`lgamma`), the
+- the continuous head at that node, the Beta means (anchor + residual) and their log-density
+  (`lgamma`), the served values (heft_history's at the node moved by the residual), the
   critic's value; then `ClusterView.take`'s arithmetic on the live load.
 
 Float32 where the model is float32, float64 where the observation is, so the numbers are
@@ -28,9 +29,9 @@ caller builds them from the placements when they are read (`fast_place.LazyObser
 Compiled on first call (`cache=True`: a few seconds once per machine, then loaded from
 numba's cache next to this file); importing this module compiles nothing. The kernel calls
 nothing outside this file and copies the few constants and formulas it shares with
-`fast_place` (the Beta density, `ANCHOR_FLOOR`, `TIE_TOL`): numba's cache is invalidated
-only by changes to this file, so a callee elsewhere could go stale unnoticed; the tests
-pin the copies (`test_served_kernel`).
+`fast_place` (the Beta density, the residual, `ANCHOR_FLOOR`, `TIE_TOL`): numba's cache is
+invalidated only by changes to this file, so a callee elsewhere could go stale unnoticed; the
+tests pin the copies (`test_served_kernel`).
 """
 
 from __future__ import annotations
@@ -146,13 +147,14 @@ def place_batch(  # one compiled call per batch: its whole state, as arguments
     compute: np.ndarray,
     p_compute: np.ndarray,
     compute_mean: np.ndarray,
-    p_compute_mean: np.ndarray,
+    first_wait: np.ndarray,
     transfer: np.ndarray,
     cold: np.ndarray,
     duration: np.ndarray,
     ttype: np.ndarray,
     masks: np.ndarray,
     anchor: np.ndarray,
+    base: np.ndarray,
     cluster0: np.ndarray,
     nodes0: np.ndarray,
     dynamic: np.ndarray,
@@ -170,8 +172,7 @@ def place_batch(  # one compiled call per batch: its whole state, as arguments
     sc1_b: np.ndarray,
     sc2_w: np.ndarray,
     sc2_b: np.float32,
-    prior_beta: np.float32,
-    has_prior: bool,
+    neg_beta: np.float32,
     finish_col: int,
     cl1_cluster: np.ndarray,
     cl1_b: np.ndarray,
@@ -188,9 +189,10 @@ def place_batch(  # one compiled call per batch: its whole state, as arguments
     cr2_b: np.float32,
     conc_scale: float,
     low: np.ndarray,
+    high: np.ndarray,
     span: np.ndarray,
     # once per batch (fast_place): per (task, node) its distinct row, and per distinct row
-    # the node embedding, the scorer's node half and the prior part
+    # the node embedding, the scorer's node half and the base part
     row_of: np.ndarray,
     emb: np.ndarray,
     part: np.ndarray,
@@ -249,7 +251,7 @@ def place_batch(  # one compiled call per batch: its whole state, as arguments
             p_fits = free_c[j] >= p_res_c[i, j] - 1e-9 and free_m[j] >= p_res_m[i, j] - 1e-9
             queued = queued_cs[j] * inv_c[j]
             wait = compute_mean[i] if not fits else 0.0
-            p_wait = p_compute_mean[i] if not p_fits else 0.0
+            p_wait = first_wait[j] if not p_fits else 0.0
             x[dynamic[0]] = np.float32(1.0 - free_c[j] * inv_c[j])
             x[dynamic[1]] = np.float32(free_m[j] * inv_m[j])
             x[dynamic[2]] = np.float32(qlen[j])
@@ -261,7 +263,7 @@ def place_batch(  # one compiled call per batch: its whole state, as arguments
             )
             x[dynamic[7]] = np.float32(1.0 if p_fits else 0.0)
             x[dynamic[8]] = np.float32(
-                math.log1p(queued + p_wait + transfer[i, j] + cold[i] + p_compute[i, j])
+                math.log1p(queued + p_wait + transfer[i, j] + p_compute[i, j])
             )
             for f in range(n_feat):
                 v = (x[f] - n_mean[f]) * n_inv[f]
@@ -269,8 +271,7 @@ def place_batch(  # one compiled call per batch: its whole state, as arguments
             _embed_row(xn, node1_w, node1_b, node2_w, node2_b, h, t_emb[t])
             _affine(t_emb[t], sc1_node, sc1_b, t_part[t])
             pr = sc2_b
-            if has_prior:
-                pr += -prior_beta * xn[finish_col]
+            pr += neg_beta * x[finish_col]
             t_prior[t] = pr
         # -- the candidates' summed embedding (the critic's mean): each distinct row once,
         # times how many untouched candidates have it, plus the touched candidates' rows
@@ -366,18 +367,19 @@ def place_batch(  # one compiled call per batch: its whole state, as arguments
         for j in range(n):
             total += math.exp(logits[j] - top)
         logp = logits[node] - top - math.log(total)
-        # -- the continuous head at the node: Beta means and their log-density
+        # -- the continuous head at the node: Beta means, their log-density, served values
         e_node = t_emb[slot[node]] if touched[node] else emb[row_of[i, node]]
         _matvec(e_node, co1_node, h)
         for k in range(hdim):
             h[k] = _tanh32(h[k] + parts[hdim + k] + co1_b[k])
         _affine(h[:hdim], co2_w, co2_b, c_raw)
-        for q in range(3):
+        for q in range(out_unit.shape[1]):
             a = min(max(np.float64(anchor[i, node, q]), _ANCHOR_FLOOR), 1 - _ANCHOR_FLOOR)
-            zz = math.log(a) - math.log1p(-a) + np.float64(c_raw[2 * q])
-            ez = math.exp(-abs(zz))  # the logistic without overflow
-            mu = 1.0 / (1.0 + ez) if zz >= 0 else ez / (1.0 + ez)
-            mu = min(max(mu, 1e-3), 1 - 1e-3)
+            shift = np.float64(c_raw[2 * q])
+            e = math.exp(-abs(shift))  # fast_place._residual: exactly 0 for a zero shift
+            up = a * (1.0 - a) * -math.expm1(-abs(shift))
+            d = up / (a + (1.0 - a) * e) if shift >= 0 else -up / (1.0 - a + a * e)
+            mu = min(max(a + d, 1e-3), 1 - 1e-3)
             kk = np.float64(c_raw[2 * q + 1]) + 2.0
             kappa = conc_scale * (2.0 + (kk if kk > 20.0 else math.log1p(math.exp(kk))))
             al = mu * kappa
@@ -391,7 +393,8 @@ def place_batch(  # one compiled call per batch: its whole state, as arguments
                 - math.lgamma(al)
                 - math.lgamma(be)
             )
-            out_vals[i, q] = low[q] + out_unit[i, q] * span[q]
+            v = base[i, node, q] + np.float32(d) * span[q]
+            out_vals[i, q] = min(max(v, low[q]), high[q])
         out_node[i] = node
         out_logp[i] = logp
         # -- the critic on the context and the candidates' mean embedding

@@ -52,7 +52,8 @@ class FeatureNormalizer:
             dag=self._apply("dag", o.dag),
             edges=o.edges,
             task_idx=o.task_idx,
-            anchor=o.anchor,
+            base=o.base,
+            base_logits=o.base_logits,
         )
 
     def transform_batch(self, batch: ObsBatch) -> ObsBatch:

@@ -33,7 +33,7 @@ from torch import Tensor, nn
 from torch_geometric.nn import AttentionalAggregation, GATv2Conv
 
 from dagsched.policy.encoder_kernel import gat_edges, pool_rows
-from dagsched.policy.model import FINISH, ActorCritic
+from dagsched.policy.model import N_CONT, ActorCritic
 from dagsched.policy.normalizer import FeatureNormalizer
 
 F32 = np.float32
@@ -181,7 +181,7 @@ class NumpyNet:
         names = {n.split(".")[0] for n, _ in model.named_parameters()}
         known = {
             "dag_in", "gat1", "gat2", "pool", "node_mlp", "cluster_mlp", "scorer", "cont_head",
-            "critic", "prior",
+            "critic",
         }  # fmt: skip
         if not names <= known:
             raise Unsupported(f"parameters not mirrored: {sorted(names - known)}")
@@ -208,10 +208,8 @@ class NumpyNet:
         cr1, self.cr2 = _mlp(model.critic)
         self.cr1_ctx, self.cr1_mean, self.cr1_b = cr1.w[:h], cr1.w[h:], cr1.b
         self.ctx_w = np.ascontiguousarray(np.hstack([self.sc1_ctx, self.co1_ctx, self.cr1_ctx]))
-        # the prior's beta as torch computes it: exp in float32
-        self.prior_beta = (
-            F32(model.prior.log_beta.detach().exp().item()) if model.prior is not None else None
-        )
+        if self.co2.w.shape[1] != 2 * N_CONT:
+            raise Unsupported(f"continuous head of {self.co2.w.shape[1]} outputs")
         self.norm = {}
         for g in ("nodes", "cluster", "dag"):
             mean, inv = normalizer.stats(g)
@@ -268,12 +266,11 @@ class NumpyNet:
         times `cl1_dag`, once per batch): [H]."""
         return np.tanh(self.cl2(np.tanh(cluster_n @ self.cl1_cluster + dag_part + self.cl1_b)))
 
-    def prior_part(self, xn: np.ndarray) -> np.ndarray:
-        """What the logits add to the scorer's output per node, from the normalised node
-        features [..., Fn]: the scorer's output bias and the finish prior, [...]."""
-        out = np.full(xn.shape[:-1], self.sc2.b[0], dtype=F32)
-        if self.prior_beta is not None:
-            out += -self.prior_beta * xn[..., FINISH]
+    def base_part(self, base_logits: np.ndarray) -> np.ndarray:
+        """What the logits add to the scorer's residual per node: its output bias and
+        heft_history's node scores (`Observation.base_logits`, [...]), float32."""
+        out = np.full(base_logits.shape, self.sc2.b[0], dtype=F32)
+        out += base_logits
         return out
 
     def context_parts(self, ctx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -285,11 +282,11 @@ class NumpyNet:
 
     def logits(self, node_part: np.ndarray, ctx_part: np.ndarray, prior: np.ndarray) -> np.ndarray:
         """Unmasked node logits [n] from the node parts [n, H], the context's part and the
-        prior part [n]."""
+        base part [n]."""
         return np.tanh(node_part + ctx_part) @ self.sc2.w[:, 0] + prior
 
     def cont_raw(self, emb: np.ndarray, ctx_part: np.ndarray) -> np.ndarray:
-        """The continuous head at one node: [6] = (shift, concentration) per value."""
+        """The continuous head at one node: [8] = (shift, concentration) per value."""
         return self.co2(np.tanh(emb @ self.co1_node + ctx_part + self.co1_b))
 
     def value(self, ctx_part: np.ndarray, mean_node: np.ndarray) -> float:

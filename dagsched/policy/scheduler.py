@@ -4,20 +4,22 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 import structlog
 import torch
 from threadpoolctl import ThreadpoolController
 
+from dagsched.core.bounds import to_unit
+from dagsched.core.heft import heft_order
 from dagsched.core.observation import Observation, dag_features, observe
 from dagsched.core.scheduler import Placement
 from dagsched.core.view import ClusterView, TaskView
 from dagsched.core.workflow import upward_rank
 from dagsched.policy.collate import collate, collate_dags
 from dagsched.policy.fast_place import place_fast
-from dagsched.policy.model import ActorCritic, PolicyOutput, act, from_unit
+from dagsched.policy.model import ActorCritic, PolicyOutput, act, action_values, served_delta
 from dagsched.policy.normalizer import FeatureNormalizer
 from dagsched.policy.numpy_net import NumpyNet, Unsupported
 from dagsched.policy.vectorised_observation import DagCache
@@ -39,9 +41,11 @@ def _one_blas_thread() -> AbstractContextManager[object]:
 class GNNScheduler:
     """Places a batch of tasks.
 
-    `place` puts them one by one, each observing the cluster with the batch's earlier
-    placements taken, as HEFT and the daemon's accounting do: from one snapshot, a scatter of
-    20 ready siblings would see 20 identical clusters and pile onto one node. It runs the
+    `place` puts them one by one, in heft_history's order (`core.heft.heft_order`: its base
+    is heft_history's rule, its batch order included), each observing the cluster with the
+    batch's earlier placements taken, as HEFT and the daemon's accounting do: from one
+    snapshot, a scatter of 20 ready siblings would see 20 identical clusters and pile onto
+    one node. Placements and `last_observations` come back in the order given. It runs the
     fast path (`fast_place`: the network in numpy, once per batch, and per task only what
     the earlier placements changed); `place_reference` is the plain torch forward pass per
     task, which the fast path equals to float rounding and which serves a model whose
@@ -94,11 +98,14 @@ class GNNScheduler:
         rng = None
         if not self.deterministic:  # drawn from torch's generator: torch.manual_seed holds
             rng = np.random.default_rng(int(torch.randint(0, 2**62, ()).item()))
+        order = heft_order(tasks)
         with _one_blas_thread():
-            done = place_fast(net, cluster, tasks, rng, self._dags)
-        self.last_observations, self.last_units = done.observations, done.units
-        self.last_values = done.values
-        return done.placements
+            done = place_fast(net, cluster, [tasks[i] for i in order], rng, self._dags)
+        back = _inverse(order)
+        self.last_observations = InOrder(done.observations, back)
+        self.last_units = [done.units[k] for k in back]
+        self.last_values = [done.values[k] for k in back]
+        return [done.placements[k] for k in back]
 
     def numpy_net(self) -> NumpyNet | None:
         """The model's numpy mirror, rebuilt when a weight or the normalizer changed since
@@ -124,7 +131,13 @@ class GNNScheduler:
         """`place` by the plain forward pass: per task, `observe` and the model's heads."""
         if len(tasks) == 1:
             return self.place_observations([observe(cluster, tasks[0])])
-        return self._place_in_order(cluster, tasks)
+        order = heft_order(tasks)
+        placed = self._place_in_order(cluster, [tasks[i] for i in order])
+        back = _inverse(order)
+        self.last_observations = [self.last_observations[k] for k in back]
+        self.last_units = [self.last_units[k] for k in back]
+        self.last_values = [self.last_values[k] for k in back]
+        return [placed[k] for k in back]
 
     @torch.no_grad()
     def _place_in_order(self, cluster: ClusterView, tasks: Sequence[TaskView]) -> list[Placement]:
@@ -154,9 +167,10 @@ class GNNScheduler:
                 torch.from_numpy(o.mask)[None],
                 self.normalizer.normalize("cluster", torch.from_numpy(o.cluster)[None]),
                 encoded[i : i + 1],
-                torch.from_numpy(o.anchor)[None],
+                torch.from_numpy(to_unit(o.base))[None],
+                torch.from_numpy(o.base_logits)[None],
             )
-            (p,) = self._decide(result)
+            (p,) = self._decide(result, [o.base])
             out.append(p)
             raw.append(o)
             units += self.last_units
@@ -169,17 +183,49 @@ class GNNScheduler:
     def place_observations(self, raw: Sequence[Observation]) -> list[Placement]:
         """Placements for already-built raw observations, in one forward pass."""
         batch = self.normalizer.transform_batch(collate(raw))
-        placements = self._decide(self._forward(*batch.args()))
+        placements = self._decide(self._forward(*batch.args()), [o.base for o in raw])
         self.last_observations = list(raw)
         return placements
 
-    def _decide(self, out: PolicyOutput) -> list[Placement]:
-        """Actions from the model's outputs; keeps their unit values and the critic's."""
+    def _decide(self, out: PolicyOutput, bases: Sequence[np.ndarray]) -> list[Placement]:
+        """Actions from the model's outputs and each decision's heft_history action per node
+        (`bases`); keeps their unit values and the critic's."""
         node, unit, logp = act(out, self.deterministic)
-        values = from_unit(unit)
+        delta = served_delta(out, node).numpy()
+        units = unit.numpy()
         self.last_units = unit.tolist()
         self.last_values = out.value.tolist()
-        return [
-            Placement(int(n), float(v[0]), float(v[1]), round(v[2]), float(lp))
-            for n, v, lp in zip(node.tolist(), values.tolist(), logp.tolist(), strict=True)
-        ]
+        placements = []
+        for i, (n, lp) in enumerate(zip(node.tolist(), logp.tolist(), strict=True)):
+            cpu, mem, retries, priority = action_values(
+                bases[i][n], delta[i], units[i], self.deterministic
+            )
+            placements.append(Placement(int(n), cpu, mem, retries, float(lp), priority))
+        return placements
+
+
+def _inverse(order: Sequence[int]) -> list[int]:
+    """`back` with `placed[back[i]]` the result for input `i`, where `placed` is in `order`."""
+    back = [0] * len(order)
+    for k, i in enumerate(order):
+        back[i] = k
+    return back
+
+
+class InOrder(Sequence[Observation]):
+    """A sequence read through an index map (observations built when read stay lazy)."""
+
+    def __init__(self, inner: Sequence[Observation], index: Sequence[int]) -> None:
+        self.inner, self.order = inner, index
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    @overload
+    def __getitem__(self, i: int) -> Observation: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[Observation]: ...
+    def __getitem__(self, i: int | slice) -> Observation | Sequence[Observation]:
+        if isinstance(i, slice):
+            return [self.inner[self.order[k]] for k in range(len(self.order))[i]]
+        return self.inner[self.order[i]]

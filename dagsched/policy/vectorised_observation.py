@@ -10,8 +10,8 @@ whole node arrays. Everything else is per (task, node) and computed once.
 The observations are `observe`'s bit for bit (the daemon's decision log compares the first
 one with `observe`; `tests/policy/test_fast_exact.py` compares all of them, on several
 scenarios and node counts), and the shared helpers (`demand_fractions`, `fits_now`,
-`task_context`, `transfer_estimates_s`, `dag_features`, `predicted_use`) are called, not
-copied, so a change there is followed here.
+`predicted_compute_s`, `finish_s`, `task_context`, `transfer_estimates_s`, `dag_features`,
+`predicted_use`) are called, not copied, so a change there is followed here.
 """
 
 from __future__ import annotations
@@ -21,20 +21,28 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from dagsched.core.demand import (
+    WorkLeft,
+    candidates,
+    demand_fractions,
+    finish_s,
+    fits_now,
+    predicted_compute_s,
+    recommended_request,
+    srpt_priority,
+)
 from dagsched.core.history import predicted_use
 from dagsched.core.observation import (
     DAG_FEATURES,
+    FINISH,
     GB,
     NODE_FEATURES,
     Observation,
-    candidates,
+    base_action,
     dag_features,
-    demand_fractions,
-    fits_now,
-    recommended_request,
+    finish_logits,
     task_context,
     transfer_estimates_s,
-    unit_anchor,
 )
 from dagsched.core.view import ClusterView, TaskView
 from dagsched.core.workflow import Workflow, upward_rank
@@ -82,9 +90,13 @@ class BatchObservation:
             predicted_use(s.cpu_cores, s.mem_gb, t.history)
             for s, t in zip(specs, tasks, strict=True)
         ]
-        p_cores = np.array([[p[0]] for p in preds], dtype=float)
-        p_mem = np.array([[p[1]] for p in preds], dtype=float)
         p_rt = np.array([[p[2]] for p in preds], dtype=float)
+        rec = [
+            recommended_request(s.cpu_cores, s.mem_gb, t.history)
+            for s, t in zip(specs, tasks, strict=True)
+        ]
+        rec_c = np.array([[r[0]] for r in rec], dtype=float)
+        rec_m = np.array([[r[1]] for r in rec], dtype=float)
 
         # the helpers take one task's numbers; they broadcast a [B, 1] column of them to [B, n]
         cpu_f, mem_f = demand_fractions(v, cpu, mem)  # type: ignore[arg-type]
@@ -95,10 +107,10 @@ class BatchObservation:
         self.transfer = transfer_estimates_s(v, tasks).reshape(b, n)
         # each row's mean as `ndarray.mean` computes it (the same pairwise sum), in one call
         self.compute_mean = np.add.reduce(self.compute, axis=1) / n
-        p_cpu_f, p_mem_f = demand_fractions(v, p_cores, p_mem)  # type: ignore[arg-type]
+        p_cpu_f, p_mem_f = demand_fractions(v, rec_c, rec_m)  # type: ignore[arg-type]
         self.p_res_c, self.p_res_m = p_cpu_f * v.cores, p_mem_f * v.mem_gb
-        self.p_compute = dur * p_rt / speed * v.slowdown
-        self.p_compute_mean = np.add.reduce(self.p_compute, axis=1) / n
+        self.p_compute = predicted_compute_s(dur, p_rt, speed, cpu, self.p_res_c, v.slowdown)
+        self.first_wait = v.first_wait_s()
         used_c = v.used_cores * self.inv_c if v.used_cores is not None else np.zeros(n)
         used_m = v.used_mem * self.inv_m if v.used_mem is not None else np.zeros(n)
         top_gpu = float(v.gpu_mem_gb.max())
@@ -124,19 +136,15 @@ class BatchObservation:
         x[_COL["mem_really_used"]] = used_m
         x[_COL["cpu_pred_frac"]] = p_cpu_f
         x[_COL["mem_pred_frac"]] = p_mem_f
-        x[_COL["pred_mem_ok"]] = (self.p_res_m >= p_mem - 1e-9).astype(float)
+        x[_COL["pred_mem_ok"]] = (self.p_res_m >= rec_m - 1e-9).astype(float)
         self._shared_cache: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._n_alive = int(self.alive.sum())
         self._dyn_buf = np.empty((n, len(DYNAMIC)))
         self._dynamic_all(x)
         self.nodes0 = np.ascontiguousarray(x.transpose(1, 2, 0))  # [B, n, F] on the snapshot
-        rec = [
-            recommended_request(s.cpu_cores, s.mem_gb, t.history)
-            for s, t in zip(specs, tasks, strict=True)
-        ]
-        rec_c = np.array([[r[0]] for r in rec], dtype=float)
-        rec_m = np.array([[r[1]] for r in rec], dtype=float)
-        self.anchor = unit_anchor(*demand_fractions(v, rec_c, rec_m))  # type: ignore[arg-type]
+        work = WorkLeft()
+        priority = np.array([[srpt_priority(work.core_s(t))] for t in tasks], dtype=float)
+        self.base = base_action(p_cpu_f, p_mem_f, priority)  # [B, n, 4]: heft_history's action
         self.masks = candidates(v, self.alive, rec_m)  # [B, n]: the nodes each task may take
         self.cluster0 = self._cluster_static(preds, used_c, used_m)
         self.cache = cache if cache is not None else DagCache()
@@ -172,6 +180,7 @@ class BatchObservation:
         fits = fits_now(v, self.res_c[i], self.res_m[i])
         p_fits = fits_now(v, self.p_res_c[i], self.p_res_m[i])
         cold, transfer = self.cold[i, 0], self.transfer[i]
+        p_finish = finish_s(queued, p_fits, self.first_wait, transfer, self.p_compute[i])
         out = self._dyn_buf
         out[:, 0] = cpu_used
         out[:, 1] = mem_free
@@ -183,10 +192,7 @@ class BatchObservation:
             queued + np.where(fits, 0.0, self.compute_mean[i]) + transfer + cold + self.compute[i]
         )
         out[:, 7] = p_fits
-        out[:, 8] = np.log1p(
-            queued + np.where(p_fits, 0.0, self.p_compute_mean[i]) + transfer + cold
-            + self.p_compute[i]
-        )  # fmt: skip
+        out[:, 8] = np.log1p(p_finish)
         return out
 
     def _dynamic_all(self, x: np.ndarray) -> None:
@@ -199,7 +205,7 @@ class BatchObservation:
         queued = v.queued_core_s * inv_c
         wait = queued + np.where(fits, 0.0, self.compute_mean[:, None])
         p_fits = fits_now(v, self.p_res_c, self.p_res_m)
-        p_wait = queued + np.where(p_fits, 0.0, self.p_compute_mean[:, None])
+        p_finish = finish_s(queued, p_fits, self.first_wait, self.transfer, self.p_compute)
         columns = (
             1.0 - v.free_cores * inv_c,
             v.free_mem * self.inv_m,
@@ -209,7 +215,7 @@ class BatchObservation:
             fits,
             np.log1p(wait + self.transfer + self.cold + self.compute),
             p_fits,
-            np.log1p(p_wait + self.transfer + self.cold + self.p_compute),
+            np.log1p(p_finish),
         )
         for col, values in zip(DYNAMIC, columns, strict=True):
             x[col] = values  # broadcast over tasks; float32 as astype rounds
@@ -256,7 +262,8 @@ class BatchObservation:
             dag=dag,
             edges=edges,
             task_idx=self.tasks[i].idx,
-            anchor=self.anchor[i],
+            base=self.base[i],
+            base_logits=finish_logits(nodes[:, FINISH]),
         )
 
     # -- once per batch -----------------------------------------------------------------------

@@ -2,14 +2,15 @@
 
 Observation (a Dict), from the one observation module the policy, the daemon and `explain`
 use (`core.observation`): `nodes` [n_nodes, len(NODE_FEATURES)], `cluster`
-[len(CLUSTER_FEATURES)] (cluster, task and family-history context), `anchor` [n_nodes, 3]
-(the request history predicts, per node, in the action's unit space) and `action_mask` (1
+[len(CLUSTER_FEATURES)] (cluster, task and family-history context), `anchor` [n_nodes, 4]
+(heft_history's action per node, in the policy head's unit space) and `action_mask` (1
 for alive nodes). The task's DAG, a graph of varying size, is not part of the Box
 observation: `info` carries it (`dag` [n_tasks, len(DAG_FEATURES)], `edges` [2, E],
 `task_idx`), so a graph policy can be trained on the environment too.
 
 Action (a Dict): `node` (Discrete over nodes) and
-`resources` = [CPU reservation 0.1-0.9, memory reservation 0.2-0.8, max retries 1-5].
+`resources` = [CPU reservation 0.1-0.9, memory reservation 0.2-0.8, max retries 1-5,
+priority in the node's queue 0-1].
 A masked (dead) node in the action is replaced by the next alive node and reported in
 `info["invalid_action"]`. The reward of a step is the sum of the per-decision rewards of every
 attempt that ended since the previous step (credit arrives when outcomes are known).
@@ -26,7 +27,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from dagsched.core.bounds import ACTION_HIGH, ACTION_LOW
+from dagsched.core.bounds import ACTION_HIGH, ACTION_LOW, to_unit
 from dagsched.core.observation import CLUSTER_FEATURES, NODE_FEATURES, Observation, observe
 from dagsched.sim.config import ClusterConfig, ScenarioConfig, WorkloadConfig
 from dagsched.sim.engine import Simulator
@@ -56,7 +57,7 @@ class ClusterEnv(gym.Env[dict[str, np.ndarray], dict[str, Any]]):
             {
                 "nodes": spaces.Box(-np.inf, np.inf, (n, len(NODE_FEATURES)), np.float32),
                 "cluster": spaces.Box(-np.inf, np.inf, (len(CLUSTER_FEATURES),), np.float32),
-                "anchor": spaces.Box(0.0, 1.0, (n, 3), np.float32),
+                "anchor": spaces.Box(0.0, 1.0, (n, len(ACTION_LOW)), np.float32),
                 "action_mask": spaces.MultiBinary(n),
             }
         )
@@ -104,8 +105,10 @@ class ClusterEnv(gym.Env[dict[str, np.ndarray], dict[str, Any]]):
                 for i in range(node + 1, node + 1 + sim.cluster.n)
                 if alive[i % sim.cluster.n]
             )
-        cpu, mem, retries = (float(x) for x in np.asarray(action["resources"]).reshape(3))
-        sim.place(Decision(task, node, cpu, mem, round(retries)))
+        cpu, mem, retries, priority = (
+            float(x) for x in np.asarray(action["resources"]).reshape(len(ACTION_LOW))
+        )
+        sim.place(Decision(task, node, cpu, mem, round(retries), priority))
         done = self._next_task()
         reward, self._reward = self._reward, 0.0
         o = self._observation()
@@ -137,9 +140,9 @@ class ClusterEnv(gym.Env[dict[str, np.ndarray], dict[str, Any]]):
         if o is None:
             nodes = np.zeros((n, len(NODE_FEATURES)), dtype=np.float32)
             cluster = np.zeros(len(CLUSTER_FEATURES), dtype=np.float32)
-            anchor = np.zeros((n, 3), dtype=np.float32)
+            anchor = np.zeros((n, len(ACTION_LOW)), dtype=np.float32)
         else:
-            nodes, cluster, anchor = o.nodes, o.cluster, o.anchor.clip(0.0, 1.0)
+            nodes, cluster, anchor = o.nodes, o.cluster, to_unit(o.base).clip(0.0, 1.0)
         return {
             "nodes": nodes,
             "cluster": cluster,

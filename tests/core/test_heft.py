@@ -8,8 +8,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from dagsched.core.demand import recommended_request
-from dagsched.core.heft import HEFT_RETRIES, HeftHistory, heft_order, srpt_priority
+from dagsched.core.demand import HEFT_RETRIES, recommended_request, srpt_priority
+from dagsched.core.heft import HeftHistory, heft_order
 from dagsched.core.view import ClusterView, TaskView
 from dagsched.core.workflow import TaskSpec, TaskType, Workflow
 from dagsched.sim.config import ScenarioConfig
@@ -90,7 +90,7 @@ def test_reservations_are_the_recommendation_and_retries_fixed() -> None:
     wf = Workflow.build("w", [TaskSpec("t", TaskType.CPU, 100.0, 8.0, 32.0)], [])
     (p,) = HeftHistory("srpt").place(view, [_task(wf, 0)])
     cores, mem = recommended_request(8.0, 32.0, None)  # no history: the request
-    assert (p.cpu, p.mem, p.max_retries) == (cores / 16.0, mem / 64.0, HEFT_RETRIES)
+    assert (p.cpu, p.mem, p.max_retries) == pytest.approx((cores / 16.0, mem / 64.0, HEFT_RETRIES))
 
 
 def test_srpt_favours_the_workflow_with_less_work_left() -> None:

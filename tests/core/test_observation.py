@@ -1,5 +1,5 @@
 """The observation reads history: what a family really used moves the predictions and the
-continuous head's anchor; no history means the declared request."""
+base action; no history means the declared request."""
 
 from __future__ import annotations
 
@@ -56,23 +56,21 @@ def test_history_moves_the_prediction_and_the_anchor() -> None:
     assert o.cluster[C["hist_known"]] == 1.0
     assert o.cluster[C["pred_mem_gb"]] == pytest.approx(0.5 * spec.mem_gb, rel=1e-5)
     assert o.cluster[C["pred_cpu_cores"]] == pytest.approx(0.4 * spec.cpu_cores, rel=1e-5)
-    # the anchor (unit space) is the recommended request - the prediction with the VPA
-    # margin, what heft_history reserves - clamped to the bounds
+    # the base action is heft_history's: the recommended request - the prediction with the
+    # VPA margin - as fractions of each node, clamped to the bounds
     mem_frac = np.clip(0.5 * 1.15 * spec.mem_gb / cv.mem_gb, *MEM_BOUNDS)
-    want = (mem_frac - MEM_BOUNDS[0]) / (MEM_BOUNDS[1] - MEM_BOUNDS[0])
-    np.testing.assert_allclose(o.anchor[:, 1], want, rtol=1e-5)
+    np.testing.assert_allclose(o.base[:, 1], mem_frac, rtol=1e-5)
     cpu_frac = np.clip(0.4 * 1.15 * spec.cpu_cores / cv.cores, *CPU_BOUNDS)
-    np.testing.assert_allclose(o.anchor[:, 0], (cpu_frac - 0.1) / 0.8, rtol=1e-5)
+    np.testing.assert_allclose(o.base[:, 0], cpu_frac, rtol=1e-5)
     # a family that runs twice as long as declared finishes later everywhere
     assert (o.nodes[:, N["log_pred_finish_s"]] > base.nodes[:, N["log_pred_finish_s"]]).all()
     # after an OOM kill at 0.9 of its request, memory is predicted at >= 1.2 x that
     burned = replace(lean, ooms=1, oom_limit=0.9)
     o = observe(cv, replace(tv, history=burned))
     assert o.cluster[C["pred_mem_gb"]] == pytest.approx(1.08 * spec.mem_gb, rel=1e-5)
-    # and the anchor's memory is the bumped limit, which beats p90 x 1.15 here
+    # and the base's memory is the bumped limit, which beats p90 x 1.15 here
     mem_frac = np.clip(1.08 * spec.mem_gb / cv.mem_gb, *MEM_BOUNDS)
-    want = (mem_frac - MEM_BOUNDS[0]) / (MEM_BOUNDS[1] - MEM_BOUNDS[0])
-    np.testing.assert_allclose(o.anchor[:, 1], want, rtol=1e-5)
+    np.testing.assert_allclose(o.base[:, 1], mem_frac, rtol=1e-5)
 
 
 def test_measured_node_use_is_next_to_the_reservation() -> None:

@@ -124,36 +124,28 @@ def test_training_scenario_takes_the_deadline_slack_only_when_set() -> None:
         load_settings(overrides={"train.deadline_slack": [1.5, 1.0]}, environ={})
 
 
-def test_a_short_run_on_a_tiny_faithful_world_improves_its_return() -> None:
-    """Fixed seed: imitating heft_history and two PPO updates beat the untrained network
-    (same normalizer) on a held-out episode of the same tiny faithful scenario. Without the
-    finish prior, so that the network, not the HEFT-like prior, has to learn the placing."""
-    from dagsched.policy.model import ActorCritic, ModelConfig
-    from dagsched.policy.scheduler import GNNScheduler
-    from dagsched.sim.runner import simulate
-    from dagsched.sim.snapshot import SchedulerPolicy
-
+def test_input_driven_ppo_moves_from_the_base_within_its_kl_budget() -> None:
+    """From the base (an untrained residual decides as heft_history_srpt), input-driven PPO
+    moves the actor's residual, and an update stops its epochs once the KL to the base is
+    past the budget: a tight budget runs fewer epochs than a loose one."""
     sc = replace(_scenario(), cluster=ScenarioConfig().cluster.scaled(8))
-    torch.manual_seed(0)
-    hp = TINY.model_copy(update={"finish_prior": 0.0})
-    untrained = ActorCritic(ModelConfig(finish_prior=0.0))
-    result = train(
-        sc,
-        hp,
-        seed=5,
-        updates=2,
-        warm_start="heft_history",
-        imitation_episodes=2,
-        imitation_epochs=2,
-        device=torch.device("cpu"),
-    )
-    held_out = replace(sc, workload=replace(sc.workload, workflows=12))
 
-    def total_reward(model: ActorCritic) -> float:
-        sched = GNNScheduler(model, result.normalizer, "t")
-        return float(simulate(held_out, SchedulerPolicy(sched, "t"), seed=10_000)["total_reward"])
+    def one_update(budget: float) -> tuple[dict[str, float], torch.Tensor]:
+        hp = TINY.model_copy(
+            update={"advantage": "input", "num_envs": 2, "update_epochs": 4,
+                    "kl_budget": budget, "learning_rate": 3e-3, "minibatch_size": 32}
+        )  # fmt: skip
+        seen: dict[str, float] = {}
+        result = train(sc, hp, seed=5, updates=1, imitation_episodes=1,
+                       sink=lambda m, _s: seen.update(m), device=torch.device("cpu"))  # fmt: skip
+        return seen, result.model.scorer[-1].weight.detach()
 
-    assert total_reward(result.model) > total_reward(untrained)
+    loose, moved = one_update(10.0)
+    assert moved.abs().sum() > 0  # the residual left zero
+    assert loose["losses/epochs"] == 4 and loose["losses/kl_to_base"] > 0
+    assert loose["charts/episode_jct_s"] > 0  # whole episodes were played
+    tight, _ = one_update(1e-9)
+    assert tight["losses/epochs"] == 1
 
 
 def test_reward_scaler_tracks_the_discounted_return() -> None:

@@ -7,6 +7,8 @@ from dataclasses import replace
 import numpy as np
 import torch
 
+from dagsched.core.bounds import ACTION_HIGH, ACTION_LOW, ACTION_NAMES
+from dagsched.core.heft import heft_order
 from dagsched.core.observation import NODE_FEATURES, observe
 from dagsched.policy.collate import collate
 from dagsched.policy.model import ActorCritic, ModelConfig, act, evaluate
@@ -15,6 +17,7 @@ from dagsched.policy.scheduler import GNNScheduler
 from dagsched.sim.engine import Simulator
 from dagsched.sim.runner import generate_workflows, make_policy, simulate
 from dagsched.sim.snapshot import SchedulerPolicy, cluster_view, task_view
+from tests.policy.residual_models import random_model
 from tests.sim.conftest import small_scenario
 
 
@@ -83,7 +86,8 @@ def test_observation_shapes() -> None:
     o = observe(cluster_view(sim), task_view(batch[0]))
     assert o.nodes.shape == (8, len(NODE_FEATURES))
     assert o.dag.shape[0] == batch[0].run.wf.size
-    assert o.anchor.shape == (8, 3) and np.all((o.anchor >= 0) & (o.anchor <= 1))
+    assert o.base.shape == (8, len(ACTION_NAMES)) and o.base_logits.shape == (8,)
+    assert np.all((o.base >= ACTION_LOW) & (o.base <= ACTION_HIGH))
 
 
 def test_siblings_share_their_dag_and_differ_by_their_row(
@@ -115,12 +119,10 @@ def test_siblings_share_their_dag_and_differ_by_their_row(
 
 
 def test_actor_parameters_are_only_the_heads() -> None:
-    model = ActorCritic(ModelConfig(finish_prior=10.0))
+    model = ActorCritic(ModelConfig())
     heads = {id(p) for p in model.actor_parameters()}
     named = dict(model.named_parameters())
-    assert heads == {
-        id(p) for n, p in named.items() if n.startswith(("scorer.", "cont_head.", "prior."))
-    }
+    assert heads == {id(p) for n, p in named.items() if n.startswith(("scorer.", "cont_head."))}
     assert 0 < len(heads) < len(named)
 
 
@@ -147,8 +149,7 @@ def test_a_batch_placed_in_order_decides_as_one_forward_pass_per_task(
 ) -> None:
     """`place` encodes the batch's DAGs once; each decision equals a full forward pass on
     that task's own observation (the cluster with the earlier placements taken)."""
-    torch.manual_seed(3)
-    model = ActorCritic(ModelConfig(finish_prior=10.0)).eval()
+    model = random_model(3)
     sc = small_scenario(nodes=16, workflows=6)
     sim = Simulator(sc, generate_workflows(sc, 0), seed=0)
     policy = make_policy("least_loaded", 0)
@@ -163,7 +164,8 @@ def test_a_batch_placed_in_order_decides_as_one_forward_pass_per_task(
     assert len({p.node for p in placements}) > 1
     one = GNNScheduler(model, normalizer, "t")
     view = cv.batch_copy()
-    for i, t in enumerate(tasks):
+    for i in heft_order(tasks):  # the order the batch is placed in: heft_history's
+        t = tasks[i]
         o = observe(view, t)
         assert np.array_equal(o.nodes, sched.last_observations[i].nodes)
         assert np.array_equal(o.dag, sched.last_observations[i].dag)
@@ -176,26 +178,18 @@ def test_a_batch_placed_in_order_decides_as_one_forward_pass_per_task(
         view.take(t, got.node, got.cpu, got.mem)  # as the batch did (equal to float rounding)
 
 
-def test_finish_prior_alone_picks_the_earliest_estimated_finish(
-    normalizer: FeatureNormalizer,
-) -> None:
-    sim, batch = _first_batch(16)
-    model = ActorCritic(ModelConfig(finish_prior=1e3)).eval()
-    obs = observe(cluster_view(sim), task_view(batch[0]))
-    out = model(*collate([normalizer.transform(obs)]).args())
-    finish = obs.nodes[:, NODE_FEATURES.index("log_finish_s")]
-    assert int(out.logits.argmax()) in np.flatnonzero(finish == finish.min())
-    assert "prior.log_beta" in dict(model.named_parameters())
-    assert "prior.log_beta" not in ActorCritic().state_dict()  # older versions still load
-
-
 def test_permuting_the_nodes_permutes_the_logits(normalizer: FeatureNormalizer) -> None:
     sim, batch = _first_batch(16)
-    torch.manual_seed(0)
-    model = ActorCritic(ModelConfig(finish_prior=10.0)).eval()
+    model = random_model(0)
     o = normalizer.transform(observe(cluster_view(sim), task_view(batch[0])))
     perm = np.random.default_rng(0).permutation(16)
-    shuffled = replace(o, nodes=o.nodes[perm], mask=o.mask[perm], anchor=o.anchor[perm])
+    shuffled = replace(
+        o,
+        nodes=o.nodes[perm],
+        mask=o.mask[perm],
+        base=o.base[perm],
+        base_logits=o.base_logits[perm],
+    )
     with torch.no_grad():
         a = model(*collate([o]).args())
         b = model(*collate([shuffled]).args())

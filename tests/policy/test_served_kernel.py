@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dagsched.core.heft import heft_order
 from dagsched.core.observation import ANCHOR_FLOOR, Observation, observe
 from dagsched.core.ties import TIE_TOL
 from dagsched.core.view import ClusterView, TaskView
@@ -22,15 +23,21 @@ from dagsched.policy import fast_place, greedy_kernel
 from dagsched.policy.bundle import load_bundle
 from dagsched.policy.lazy_observations import LazyObservations
 from dagsched.policy.scheduler import GNNScheduler
-from tests.policy.same_decisions import assert_compiled_decided_as
+from tests.policy.residual_models import random_model
+from tests.policy.same_decisions import assert_compiled_decided_as, built
 from tests.policy.test_fast_exact import recorded_batch
 
 CHAMPION = Path(__file__).resolve().parents[2] / "models" / "champion"
 
 
-@pytest.fixture(scope="module")
-def champion() -> GNNScheduler:
-    return load_bundle(CHAMPION, "v1", smoke=False)
+@pytest.fixture(scope="module", params=["champion", "random residual"])
+def champion(request: pytest.FixtureRequest) -> GNNScheduler:
+    """The shipped champion, and a model whose residual layers are random (an untrained
+    residual is zero: the network's arithmetic would not show in its decisions)."""
+    shipped = load_bundle(CHAMPION, "v1", smoke=False)
+    if request.param == "champion":
+        return shipped
+    return GNNScheduler(random_model(11), shipped.normalizer, "random")
 
 
 @pytest.fixture(scope="module")
@@ -52,13 +59,13 @@ def _numpy_loop(
     with monkeypatch.context() as m:
         m.setattr(fast_place, "_kernel", lambda: None)
         placed = sched.place(view, tasks)
-    assert isinstance(sched.last_observations, list)  # the numpy loop builds them eagerly
+    assert isinstance(built(sched), list)  # the numpy loop builds them eagerly
     return placed, list(sched.last_observations), sched.last_units, sched.last_values
 
 
 def _same(a: Observation, b: Observation) -> None:
     assert a.task_idx == b.task_idx
-    for f in ("nodes", "mask", "cluster", "dag", "edges", "anchor"):
+    for f in ("nodes", "mask", "cluster", "dag", "edges", "base", "base_logits"):
         assert np.array_equal(getattr(a, f), getattr(b, f)), f
 
 
@@ -81,19 +88,22 @@ def test_lazy_observations_are_observes_in_any_order(
     free = view.free_cores.copy()
     placed = champion.place(view, tasks)
     lazy = champion.last_observations
-    eager = []  # observe() with the earlier placements taken (the reservations are the
-    ref_view = view.batch_copy()  # compiled loop's: the numpy loop's differ in the last bit)
-    for t, p in zip(tasks, placed, strict=True):
-        eager.append(observe(ref_view, t))
+    # observe() with the earlier placements taken (the reservations are the compiled loop's:
+    ref_view = view.batch_copy()  # the numpy loop's differ in the last bit)
+    eager: dict[int, Observation] = {}
+    for i in heft_order(tasks):  # the order the batch is placed in: heft_history's
+        t, p = tasks[i], placed[i]
+        eager[i] = observe(ref_view, t)
         ref_view.take(t, p.node, p.cpu, p.mem)
-    assert isinstance(lazy, LazyObservations) and len(lazy) == len(tasks)
+    eager_in_order = [eager[i] for i in range(len(tasks))]
+    assert isinstance(built(champion), LazyObservations) and len(lazy) == len(tasks)
     order = [len(tasks) - 1, 0, 5, 3, len(tasks) // 2, -1]  # backwards restarts the replay
     for k in order:
-        _same(lazy[k], eager[k])
+        _same(lazy[k], eager_in_order[k])
     assert lazy[5] is lazy[5]  # built once
-    for a, b in zip(lazy[2:9:3], eager[2:9:3], strict=True):
+    for a, b in zip(lazy[2:9:3], eager_in_order[2:9:3], strict=True):
         _same(a, b)
-    for a, b in zip(lazy, eager, strict=True):
+    for a, b in zip(lazy, eager_in_order, strict=True):
         _same(a, b)
     assert np.array_equal(view.free_cores, free)  # the caller's view is not written
     with pytest.raises(IndexError):

@@ -50,7 +50,7 @@ def test_the_action_reaches_the_simulator(asked: int, lands: int) -> None:
     env.sim.cluster.set_alive(0, False)
     task = _ready_task(env)
     cores, mem_gb = env.sim.cluster.cores[lands], env.sim.cluster.mem_gb[lands]
-    action = {"node": asked, "resources": np.array([0.5, 0.25, 2.0], np.float32)}
+    action = {"node": asked, "resources": np.array([0.5, 0.25, 2.0, 0.7], np.float32)}
     _, _, _, _, info = env.step(action)
     assert info["invalid_action"] is (asked != lands)
     assert env.sim.metrics.decisions == 1

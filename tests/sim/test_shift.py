@@ -182,7 +182,7 @@ def _same_before_outcomes(shift: ShiftConfig, telemetry: bool) -> None:
             nodes[:, TELEMETRY[0]] = b.nodes[:, TELEMETRY[0]]
             cluster[TELEMETRY[1]] = b.cluster[TELEMETRY[1]]
         assert np.array_equal(nodes, b.nodes) and np.array_equal(cluster, b.cluster)
-        for f in ("mask", "dag", "edges", "anchor"):
+        for f in ("mask", "dag", "edges", "base", "base_logits"):
             assert np.array_equal(getattr(a, f), getattr(b, f)), f
     # once outcomes arrive, the shifted world shows (in history, node slowdowns, queues)
     assert any(

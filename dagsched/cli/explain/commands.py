@@ -22,6 +22,7 @@ from dagsched.cli.context import state
 from dagsched.cli.explain.sample import explain_sample
 from dagsched.cli.explain.sources import DecisionStore, ExplainFailed, Models, one_thread
 from dagsched.cli.explain.table import print_table
+from dagsched.core.bounds import UNIT_LOW, UNIT_SPAN
 from dagsched.schemas.messages import DecisionLogMsg
 
 if TYPE_CHECKING:
@@ -209,9 +210,8 @@ def _reproduces(ex: Explanation, log: DecisionLogMsg) -> dict[str, Any]:
     """Does the reloaded model make the logged decision again (node and Beta means)?"""
     same_node = ex.recomputed_choice == log.node_index
     out: dict[str, Any] = {"node": same_node}
-    if log.unit is not None and len(log.unit) == 3:
-        lo, hi = (0.1, 0.2, 1.0), (0.9, 0.8, 5.0)
-        logged = [lo[i] + log.unit[i] * (hi[i] - lo[i]) for i in range(3)]
+    if log.unit is not None and len(log.unit) == len(UNIT_LOW):
+        logged = [float(UNIT_LOW[i] + log.unit[i] * UNIT_SPAN[i]) for i in range(len(UNIT_LOW))]
         diff = max(abs(a - float(b)) for a, b in zip(logged, ex.values, strict=True))
         out["values"] = diff <= 1e-3 * 4  # retries span 4 units; 1e-3 of each range
         out["max_value_diff"] = float(f"{diff:.3g}")
