@@ -411,7 +411,7 @@ def _ppo_update(
                 "losses/entropy": parts.entropy,
                 "losses/approx_kl": parts.approx_kl,
                 "losses/clipfrac": parts.clipfrac,
-                "losses/kl_to_base": kl_base,
+                "losses/kl_to_base": kl_base.detach(),
             }
     return {**{k: float(v.detach()) for k, v in last.items()}, "losses/epochs": float(epochs)}
 
