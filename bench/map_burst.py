@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harness.results import write_results
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -95,7 +97,7 @@ def main() -> None:
         "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
     }
     out = REPO / "bench" / "results" / "map_burst.json"
-    out.write_text(json.dumps(doc, indent=2) + "\n")
+    doc = write_results(out, doc)
     if args.json:
         print(json.dumps(doc))
 
