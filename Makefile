@@ -33,6 +33,8 @@ lint: setup
 	$(VENV)/bin/ruff check dagsched tests bench experiments tools
 	$(VENV)/bin/mypy dagsched tools
 
+export NO_MKDOCS_2_WARNING := 1
+
 # The docs build strictly before the tests: a broken link or a page missing from the nav fails
 # CI. Its hook (tools/docs_hooks.py) regenerates the results pages and the CLI reference first.
 test: setup lint
