@@ -1,4 +1,4 @@
-"""A map stage's burst through the daemon (issue 13): `--width` ready siblings of one
+"""A map stage's burst through the daemon: `--width` ready siblings of one
 workflow published at once, from the first `task_ready` handed to the producer to the last
 decision read back from `dagsched.decisions`, with the GNN champion serving.
 

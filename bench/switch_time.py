@@ -1,5 +1,5 @@
 """Switch time: from the champion alias move until every daemon replica serves the new version,
-under live traffic, with no task lost or decided twice (issue 5).
+under live traffic, with no task lost or decided twice.
 
 Setup, all on this machine: the embedded Tansu broker, a Redis (`settings.redis_url` when it
 answers, else a private `redis-server`), an MLflow SQLite registry in a temporary home

@@ -1,4 +1,4 @@
-"""Profile one daemon replica draining a backlog, in this process (issue 13's overhead work).
+"""Profile one daemon replica draining a backlog, in this process.
 
 Sets up what `bench/daemon_throughput.py` does (the embedded broker, a private `redis-server`,
 the default 32 nodes as heartbeats, a backlog of the default scenario's ready tasks published

@@ -1,4 +1,4 @@
-"""Where a paced daemon's latency tail comes from (issue 13): one replica in this process,
+"""Where a paced daemon's latency tail comes from: one replica in this process,
 tasks offered at a steady rate, every event-loop callback and garbage collection timed.
 
 Sets up what `experiments/daemon_profile.py` does (the embedded broker, a private `redis-server`,

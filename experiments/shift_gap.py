@@ -12,8 +12,8 @@ round, to the model that played). Then both versions are evaluated as served
         [--eval-workflows 150] [--profile shift] [--credit task-critic|task|attempt]
         [--lr 2e-3] [--epochs 8] [--target-kl 0.2] [--ent-coef 0.01] [--clip 0.2] [--out FILE]
 
-The defaults are the settings that closed the gap (README "The shifted world"); without the
-entropy bonus the rounds narrowed the Betas instead of moving their means.
+The defaults are the settings that closed the gap (CHANGELOG.md); without the entropy
+bonus the rounds narrowed the Betas instead of moving their means.
 
 The shift is `sim.shift` of `--profile` (default: the `shift` profile, from t=0).
 """
