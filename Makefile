@@ -11,7 +11,7 @@ TORCH   := torch==2.13.0
 TORCH_INDEX ?= cpu
 DEMO_WORKFLOWS ?= 200
 
-.PHONY: setup lint test demo bench clean
+.PHONY: setup lint test docs demo bench clean
 
 # The torch check runs every time (a no-op in 0.1 s when the asked build is there), so that a
 # new TORCH_INDEX replaces the build of an existing .venv.
@@ -30,11 +30,22 @@ $(STAMP): pyproject.toml
 	touch $@
 
 lint: setup
-	$(VENV)/bin/ruff check dagsched tests bench tools
+	$(VENV)/bin/ruff check dagsched tests bench experiments tools
 	$(VENV)/bin/mypy dagsched tools
 
+export NO_MKDOCS_2_WARNING := 1
+
+# The docs build strictly before the tests: a broken link or a page missing from the nav fails
+# CI. Its hook (tools/docs_hooks.py) regenerates the results pages and the CLI reference first.
 test: setup lint
+	$(VENV)/bin/mkdocs build --strict --quiet
 	$(PY) -m pytest -q
+
+# The results pages, the CLI reference and README's results block from bench/results/*.json,
+# then the site in build/site (mkdocs.yml) (`$(VENV)/bin/mkdocs serve` to browse it while editing).
+docs: setup
+	$(PY) tools/results_pages.py --readme
+	$(VENV)/bin/mkdocs build --strict
 
 demo: setup
 	# the daemon keeps cluster state in Redis: start a local one when none answers
@@ -51,7 +62,6 @@ bench: setup
 	$(PY) bench/inference_speed.py
 	$(PY) bench/explain_speed.py
 	$(PY) bench/drift.py
-	$(PY) bench/policy_diagnosis.py
 
 clean:
 	rm -rf .pytest_cache .mypy_cache .ruff_cache build dist *.egg-info .dagsched/demo

@@ -10,11 +10,11 @@ reward and speed normal), so it is cheap; the rule is `dagsched.learner.sequenti
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
 import numpy as np
+from harness.results import write_results
 from rich.console import Console
 from rich.table import Table
 
@@ -90,7 +90,7 @@ def main() -> None:
     Console().print(rule.describe())
     args.out.parent.mkdir(parents=True, exist_ok=True)
     doc = {"rule": rule.describe(), "share": args.share, "rows": rows}
-    args.out.write_text(json.dumps(doc, indent=2) + "\n")
+    write_results(args.out, doc)
 
 
 if __name__ == "__main__":

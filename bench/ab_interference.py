@@ -14,7 +14,7 @@ The whole-cluster difference is what the variant would change if promoted; the A
 difference (the evaluator's regression-adjusted sequential test, fed every finished workflow
 in finishing order, with its confidence sequence at the end) is what the judge sees. When the
 variant's gain is congestion it relieves, the champion's workflows in the A/B enjoy it too,
-and the test sees a fraction of it (README "Why the judge cannot see the learner's gains").
+and the test sees a fraction of it (docs/concepts/learning.md, "What has been measured").
 
     .venv/bin/python bench/ab_interference.py [--quick] [--json] [--seeds 2]
         [--workflows 2000] [--shift -0.4] [--head cpu] [--share 0.5] [--out DIR]

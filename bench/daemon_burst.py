@@ -1,8 +1,8 @@
-"""A map stage's burst through the daemon (issue 13): `--width` ready siblings of one
+"""A map stage's burst through the daemon: `--width` ready siblings of one
 workflow published at once, from the first `task_ready` handed to the producer to the last
 decision read back from `dagsched.decisions`, with the GNN champion serving.
 
-Setup as `bench/daemon_profile.py` (the embedded broker, a private `redis-server`, the
+Setup as `experiments/daemon_profile.py` (the embedded broker, a private `redis-server`, the
 default 32 nodes as heartbeats) with one `Daemon` in this process serving the shipped
 champion (garbage collector frozen after start-up, as the `dagsched daemon` process does;
 one torch thread). A warm-up backlog of the default scenario is decided first (the consumer

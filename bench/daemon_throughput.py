@@ -1,4 +1,4 @@
-"""Daemon throughput (issue 13): decisions per second through the daemon, with the GNN,
+"""Daemon throughput: decisions per second through the daemon, with the GNN,
 measured against a passthrough; latency under paced load; the served path alone; Redis bytes.
 
 Setup, all on this machine: the embedded Tansu broker, a private `redis-server`, an MLflow

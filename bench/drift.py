@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, replace
@@ -35,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from harness.results import write_results
 from rich.console import Console
 from rich.table import Table
 from tqdm import tqdm
@@ -308,7 +308,7 @@ def main() -> None:
         "events": events,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "drift.json").write_text(json.dumps(to_jsonable(doc), indent=2) + "\n")
+    write_results(args.out / "drift.json", to_jsonable(doc))
     plot(args.out / "drift.png", series, events, doc)
 
     def f(x: float | None) -> str:

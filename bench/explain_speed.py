@@ -14,7 +14,6 @@ bench/results/explain_speed.json).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -22,6 +21,7 @@ import time
 from pathlib import Path
 
 import torch
+from harness.results import write_results
 from rich.console import Console
 from rich.table import Table
 
@@ -117,7 +117,7 @@ def main() -> None:
         "rows": rows,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_results(args.out, result)
     print(f"wrote {args.out}")
 
 

@@ -9,13 +9,13 @@ truth (tasks use exactly what they declare). Prints a table, writes JSON and a m
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from harness.results import write_results
 from rich.console import Console
 from rich.progress import track
 from rich.table import Table
@@ -91,7 +91,7 @@ def main() -> None:
         md.append("| " + " | ".join(cells) + " |")
     Console().print(table)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps({"rows": rows, "runs": runs}, indent=1))
+    write_results(args.out.with_suffix(".json"), {"rows": rows, "runs": runs}, indent=1)
     args.out.with_suffix(".md").write_text("\n".join(md) + "\n")
 
 

@@ -20,7 +20,6 @@ JSON (default bench/results/inference_speed.json).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import time
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from harness.results import write_results
 from rich.console import Console
 from rich.table import Table
 
@@ -129,7 +129,7 @@ def main() -> None:
         "compile_s": compile_s,
         "rows": rows,
     }
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_results(args.out, result)
     console.print(f"wrote {args.out}")
 
 

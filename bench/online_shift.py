@@ -24,10 +24,10 @@ mean reward, speed) of the frozen champion in the faithful, unshifted world, dra
         [--credit task-critic] [--min-samples 100] [--max-samples 300]
         [--replace-challenger] [--no-keep-learning] [--load L] [--out DIR]
 
-The defaults are the fine-tuning settings that closed the gap offline (`bench/shift_gap.py`)
+The defaults are the fine-tuning settings that closed the gap offline (`experiments/shift_gap.py`)
 with an exploration slice to learn from, rounds every ~90 workflows that go on improving a
 shadow while a challenger is under test (`--keep-learning`), and a challenger budget so a
-futile test ends (README "The shifted world"). `held_out.latest` is each seed's last
+futile test ends (docs/concepts/world.md). `held_out.latest` is each seed's last
 learner version on the held-out seeds, promoted or not: whether the learner found anything,
 apart from the judge.
 

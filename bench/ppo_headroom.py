@@ -1,4 +1,4 @@
-"""Where a learned policy could beat heft_history, and where a model loses to it (issue 14).
+"""Where a learned policy could beat heft_history, and where a model loses to it.
 
 Held-out seeds of the default scenario at loads 0.8 and 0.95, as `dagsched eval` draws them:
 

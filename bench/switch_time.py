@@ -1,5 +1,5 @@
 """Switch time: from the champion alias move until every daemon replica serves the new version,
-under live traffic, with no task lost or decided twice (issue 5).
+under live traffic, with no task lost or decided twice.
 
 Setup, all on this machine: the embedded Tansu broker, a Redis (`settings.redis_url` when it
 answers, else a private `redis-server`), an MLflow SQLite registry in a temporary home
@@ -63,6 +63,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.replicas import Replica, start_replica, stop_replica, wait_until
+from harness.results import write_results
 from harness.stack import REPO, local_stack
 from harness.switch_analysis import analyse, fmt_ms
 from harness.traffic import Traffic
@@ -364,7 +365,7 @@ def main() -> None:
         name += "_early_notice"
     if args.torch_threads is not None:
         name += f"_torch{args.torch_threads}"
-    (args.out / f"{name}.json").write_text(json.dumps(doc, indent=2) + "\n")
+    write_results(args.out / f"{name}.json", doc)
 
 
 if __name__ == "__main__":

@@ -10,12 +10,12 @@ writes JSON (default bench/results/train_speed.json).
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import time
 from pathlib import Path
 
 import torch
+from harness.results import write_results
 from rich.console import Console
 from rich.table import Table
 
@@ -68,17 +68,14 @@ def main() -> None:
     )
     Console().print(t)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps(
-            {
-                "bench": "train_speed",
-                "python": platform.python_version(),
-                "torch": torch.__version__,
-                **row,
-            },
-            indent=2,
-        )
-        + "\n"
+    write_results(
+        args.out,
+        {
+            "bench": "train_speed",
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            **row,
+        },
     )
 
 

@@ -33,8 +33,7 @@ class DaemonSettings(_Strict):
     group_id: str = "dagsched-daemon"
     batch_max: int = Field(default=256, ge=1, le=10_000)
     # 0 would take what has arrived: 5 ms less at low rates for the heuristic, but the GNN,
-    # with more to pay per batch, answered 1,000 tasks/s ~15 ms later at p50 (README "Daemon
-    # throughput")
+    # with more to pay per batch, answered 1,000 tasks/s ~15 ms later at p50 (docs/results/speed.md)
     batch_wait_ms: float = Field(default=5.0, ge=0, le=10_000)
     fetch_max_wait_ms: int = Field(default=5, ge=2, le=1000)
     max_dag_tasks: int = Field(default=5000, ge=1)
@@ -52,7 +51,7 @@ class DaemonSettings(_Strict):
     observation_ttl_s: int = Field(default=7 * 24 * 3600, ge=60)
     # how long a stored decision (and its workflow's DAG and progress) stays in Redis: the
     # window in which a redelivered task gets the byte-identical decision back. Redis holds
-    # about 1.2 KB per decision for this long (README "Redis memory").
+    # about 1.2 KB per decision for this long (docs/reference/redis.md).
     decision_ttl_s: int = Field(default=7 * 24 * 3600, ge=60)
     # cap on the decision log kept in Redis for `dagsched explain` (two streams, trimmed to it
     # at every write, oldest first; also trimmed to observation_ttl_s). 0: keep none in Redis

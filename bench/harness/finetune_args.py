@@ -1,4 +1,4 @@
-"""The fine-tuning flags that `bench/shift_gap.py` (offline) and `bench/online_shift.py` (the
+"""The fine-tuning flags that `experiments/shift_gap.py` (offline) and `bench/online_shift.py` (the
 loop) share, and the `FinetuneConfig` they make: one definition, so the two benches tune the
 same knobs under the same names."""
 

@@ -1,4 +1,4 @@
-"""A daemon in the bench's own process (`bench/daemon_profile.py`, `bench/daemon_burst.py`):
+"""A daemon in the bench's own process (`experiments/daemon_profile.py`, `bench/daemon_burst.py`):
 the topics and the default cluster prepared, and a `Daemon` serving the shipped champion."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The daemon throughput bench's measures and tables: decisions/s over a backlog, Redis bytes
-per decision by key family, a replica's counters and CPU time, the summary against issue 13's
-targets, and the printed tables."""
+per decision by key family, a replica's counters and CPU time, the summary against the
+throughput targets, and the printed tables."""
 
 from __future__ import annotations
 
@@ -217,7 +217,7 @@ def show(doc: dict[str, Any], console: Console) -> None:
         rt.add_row("all", f"{red['keys']:,}", f"{red['bytes']:,}", _n(red["bytes_per_decision"]))
         console.print(rt)
     sm = doc["summary"]
-    tt = Table(title="Targets (issue 13)")
+    tt = Table(title="Targets")
     for col in ("measure", "value", "target", "met"):
         tt.add_column(col, justify="right")
     for k, target in TARGETS.items():

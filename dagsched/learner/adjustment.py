@@ -4,7 +4,7 @@ things fixed before its arm could matter.
 Most of a workflow's speed is set before any policy touches it: how much slack its deadline
 gives over its declared critical path, and how congested the cluster is when it arrives. In
 `shift`, these covariates explain about 30% of the speed variance of the champion's workflows
-(seed 0, 2,000 workflows; README "A sharper judge"). Arms are assigned by a hash of the
+(seed 0, 2,000 workflows; docs/concepts/learning.md). Arms are assigned by a hash of the
 workflow id, so the covariates have the same distribution on both arms, and
 
     y_adj = y - theta . (x - mean(x))

@@ -1,6 +1,6 @@
 """The compact decision log: one cluster view per policy call plus a small record per task.
 
-The daemon used to log each decision's whole observation (~10 KB of JSON: every node's
+Logging each decision's whole observation would take ~10 KB of JSON (every node's
 features, the DAG's, the anchors). Most of it is shared by the tasks of one policy call: the
 cluster view they were placed on, changed only by the batch's earlier placements. So a
 `DecisionBatchMsg` carries that view once (`encode_view`: the `ClusterView`'s arrays, raw

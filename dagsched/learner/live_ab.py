@@ -148,7 +148,7 @@ Action = tuple[str, Verdict]  # ("promote" | "retire" | "rollback", why)
 # normal bound on a one-sample mean): in simulation, 6.5% of hand promotions of an identical
 # version were rolled back at an SLA of 0.95, 16% at 0.85; from ten, 0.65% and 0.1%, while a
 # version at SLA 0.5 is still rolled back every time, after ~35 workflows instead of ~19
-# (README "The guardrail, against a version promoted by hand").
+# (docs/concepts/learning.md, "The evaluator").
 GUARDRAIL_MIN_SAMPLES = 10
 
 

@@ -6,7 +6,7 @@ logged behaviour log-prob, PPO-clipped; gradient norm clipped; an epoch loop tha
 once the approximate KL to the champion passes `target_kl`. Credit is per task
 (`task_returns`): an attempt is credited with what it and its task's later attempts earned,
 so an OOM kill pays for its retry; one-step credit found nothing to learn in the shifted
-world (README "The shifted world").
+world (docs/concepts/world.md).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ Each of the three metrics (`METRICS`: SLA met, mean attempt reward, speed) gets
 `a = alpha / 3` (Bonferroni), so the chance that an A/A test ever declares any difference is
 at most `alpha`. Speed is `-log(JCT / deadline)`: SLA's continuous version, which tells a
 challenger that finishes workflows 10% sooner from the champion in a fraction of the
-workflows a pass/fail count needs (README "How fast the judge can tell").
+workflows a pass/fail count needs (experiments/judge_power.py).
 
 With `adjust` (the default), each metric is first regression-adjusted on covariates fixed before
 the arm could matter: the workflow's slack and the cluster's congestion at its first decision

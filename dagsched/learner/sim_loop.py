@@ -65,15 +65,15 @@ class LoopConfig:
     # the champion while there is none, with sampled actions: the learner's exploration. Not
     # judged; when > 0 the learner fine-tunes on these workflows' attempts only
     explore_share: float = 0.0
-    # learner.keep_learning in the services (README "Keeping on learning during a test"): while a
+    # learner.keep_learning in the services (docs/concepts/learning.md): while a
     # challenger is under test, due rounds go on improving a shadow of the champion, which
     # serves the exploration slice (so what the learner learns from stays on-policy); when
     # the test ends, the latest shadow becomes the next challenger at once
     keep_learning: bool = False
     # with keep_learning: rounds chained on the shadow before the first challenger of each
     # champion is tested. A one-round challenger is barely different from its champion,
-    # and its test holds the judge for most of a run (README "Exploration that does not hurt the
-    # champion"); learner.min_rounds in the services
+    # and its test holds the judge for most of a run (docs/concepts/learning.md);
+    # learner.min_rounds in the services
     min_rounds: int = 1
 
 

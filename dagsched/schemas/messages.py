@@ -171,7 +171,7 @@ class LoggedTaskMsg(BaseModel):
 
 
 class DecisionBatchMsg(_Message):
-    """What one policy call decided from, compactly (the decision log since issue 13): the
+    """What one policy call decided from, compactly (the decision log): the
     cluster view it was made on, once (`view`, encoded by `dagsched.learner.decision_log`;
     None for the heuristic fallback), and a small record per task. The observation of every
     task is rebuilt exactly from these and the workflows (`decision_log.batch_observations`),

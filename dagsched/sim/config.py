@@ -218,7 +218,7 @@ class TruthConfig:
     Every task belongs to a family (a recurring kind of task). Each family draws a median
     ratio per quantity from the run's seed, lognormally around the medians below with the
     family spread; each task draws its own ratio around its family's with the task spread.
-    Defaults and their sources (README "Hidden truth"):
+    Defaults and their sources (docs/concepts/world.md):
 
     - CPU use (average cores used / cores requested): median 0.5, wide spread - Twitter via
       Quasar (reservations near 80% of the cluster, utilisation below 20%), Google Autopilot
@@ -291,7 +291,7 @@ class ShiftConfig:
     """Production that differs from the training world where the observation cannot see it.
 
     From `at_s` simulated seconds on (0: from the start), unannounced, each effect switched
-    off at its neutral value (README "The shifted world"):
+    off at its neutral value (docs/concepts/world.md):
 
     - `oom_restart_s`: an attempt that follows an OOM kill of the same task first restarts
       for this long (the state it had built was lost), holding its reservation, before it

@@ -175,7 +175,7 @@ def total_cores(cluster: ClusterConfig) -> float:
 
 # What heft_history holds beyond the expected use: it reserves the p90 of use +15% rounded up
 # to a histogram bucket, never below the minimum fractions, and spills onto slower node kinds
-# when the fastest are busy. Calibrated on 5 held-out seeds (README "Load") so that its
+# when the fastest are busy. Calibrated on 5 held-out seeds (docs/concepts/world.md) so that its
 # time-averaged reserved share is within 0.1 of `load` at 0.5, 0.8 and 0.95 (1.14 centres
 # load 0.5 best, but leaves 0.95 short: heft_history cannot pack much above 0.9).
 RESERVATION_OVERHEAD = 1.10
@@ -192,7 +192,7 @@ def offered_node_s(
     plus its expected real compute time at that speed, x RESERVATION_OVERHEAD for what a
     history-aware scheduler reserves beyond the expected use. Divided by the cluster's node
     count and the time between arrivals, it is the share of the cluster such a scheduler
-    keeps reserved (measured on heft_history; README "Load").
+    keeps reserved (measured on heft_history; docs/concepts/world.md).
     """
     cpu_r, mem_r, rt_r = expected_ratios(truth if truth is not None else TruthConfig())
     kinds = [g for g in cluster.groups if g.count]

@@ -156,7 +156,7 @@ def test_sample_report_over_versions(cli, stack, champion, sim_obs, tmp_path):
 
 
 def test_explain_and_sample_read_the_compact_decision_log(cli, stack, champion, tmp_path):
-    """Decisions logged as the daemon logs them since issue 13 (one `decision_batch` per
+    """Decisions logged as the daemon logs them (one `decision_batch` per
     policy call in the Redis streams): the observation of any of them is replayed."""
     view, tvs = decision_point(12)
     stack.store_nodes(view.node_ids)

@@ -142,7 +142,7 @@ def test_judge_does_not_watch_a_champion_change_that_is_no_promotion() -> None:
 
 def test_one_late_workflow_does_not_roll_back_a_hand_promotion() -> None:
     """The guardrail waits for `GUARDRAIL_MIN_SAMPLES` of the new champion's workflows: a
-    single miss after an old champion at SLA 0.99 is no evidence (it used to roll back)."""
+    single miss after an old champion at SLA 0.99 is no evidence."""
     judge = Judge(RULE, guardrail_window=300)
     judge.versions("v1", None)
     for i in range(100):

@@ -186,8 +186,8 @@ def test_a_bad_version_promoted_by_hand_is_rolled_back_by_the_guardrail(
     """`promote_by_hand` (the bench's `dagsched models promote`): a sabotaged version is rolled
     back within the guardrail's window and the champion serves again. (The guardrail compares
     the new champion's SLA after the promotion with the old one's before it; as the cluster
-    fills, that also rolls back a copy of the champion in some runs: README "The guardrail,
-    against a version promoted by hand".)"""
+    fills, that also rolls back a copy of the champion in some runs: docs/concepts/learning.md,
+    "What has been measured".)"""
     sc = replace(_scenario(120), drift=None)
     window = 60
     ev = EvaluatorSettings(guardrail_window=window)

@@ -278,7 +278,7 @@ def test_exploration_strays_a_few_percent_from_the_served_reservation(
 ) -> None:
     """The learner's exploration samples the Betas (`CONC_SCALE`): a sampled CPU or memory
     reservation stays within a few percent of the served one, where an OOM kill can cost an
-    hour (README "Exploration that does not hurt the champion")."""
+    hour (docs/concepts/learning.md, "The split")."""
     view, tasks = batches["32 nodes, busy"]
     served = champion.place(view, tasks)
     first = heft_order(tasks)[0]  # the task placed first sees the same cluster in every draw

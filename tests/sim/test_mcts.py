@@ -9,7 +9,7 @@ from tests.sim.conftest import small_scenario
 
 
 def test_runs_to_the_end_with_faults_on() -> None:
-    # Regression: rollouts used to spin forever on fault events when a workflow stayed open.
+    # rollouts must end on fault events while a workflow stays open
     sc = small_scenario(nodes=8, workflows=3, node_failure_per_hour=2.0)
     m = simulate(sc, MCTSPolicy(budget=4, horizon=8), seed=1)
     assert m["workflows"] == 3

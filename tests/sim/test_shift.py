@@ -35,7 +35,7 @@ def test_the_shift_profile_is_documented_and_validated() -> None:
     assert shift == PRODUCTION_SHIFT  # the demo's shift when its profile sets none
     assert shift.oom_restart_s > 0 and shift.mem_spread >= 1
     assert load_settings(profile=None, environ={}).sim.shift is None
-    # production runs below the training load (README "The shifted world")
+    # production runs below the training load (docs/concepts/world.md)
     assert load_settings(profile="shift", environ={}).sim.workload.load < 0.8
     for bad in ({"mem_spread": 0.5}, {"oom_restart_s": -1.0}, {"at_s": -1.0}):
         with pytest.raises(ValueError, match=next(iter(bad))):

@@ -46,7 +46,7 @@ class DecisionStore:
     `{topic_prefix}dagsched:dec:{wf}/{task}:{attempt}`; the decision log in the streams
     `...:declog:keys` (per policy call, its new decisions' keys) and `...:declog:recs` (its
     `decision_batch`, zlib, same id), whose observations are replayed with the workflows
-    (`...:wf:{id}`); logs written before issue 13 under `...:obs:{wf}/{task}:{attempt}`.
+    (`...:wf:{id}`); older logs under `...:obs:{wf}/{task}:{attempt}`.
     Every log comes out as a `DecisionLogMsg` with its observation.
     """
 

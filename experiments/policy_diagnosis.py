@@ -8,9 +8,9 @@ Two measurements behind the README's account of the policy target:
   reservations (exactly the demand, clamped to the bounds), and HEFT, on the default
   scenario and at load 2.0 (held-out seeds), plus the champion's reservation / demand ratios.
 
-Prints two tables and writes JSON (default bench/results/policy_diagnosis.json).
+Prints two tables and writes JSON (default experiments/results/policy_diagnosis.json).
 
-    .venv/bin/python bench/policy_diagnosis.py [--seeds 3] [--heavy-workflows 200]
+    .venv/bin/python experiments/policy_diagnosis.py [--seeds 3] [--heavy-workflows 200]
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=3, help="held-out seeds per scenario")
     ap.add_argument("--workflows", type=int, default=30, help="workflows, default scenario")
     ap.add_argument("--heavy-workflows", type=int, default=200, help="workflows at load 2.0")
-    ap.add_argument("--out", type=Path, default=Path("bench/results/policy_diagnosis.json"))
+    ap.add_argument("--out", type=Path, default=Path("experiments/results/policy_diagnosis.json"))
     args = ap.parse_args()
 
     util = utilisation((0.8, 0.95), 300, seed=1000)

@@ -1,6 +1,6 @@
 """How many workflows the evaluator's sequential test needs to promote a challenger that is
 really better: the frozen champion against the same champion with a larger memory margin
-(`bench/shift_probe.py`'s probe, the best a head fine-tune found offline), in the `shift`
+(`experiments/shift_probe.py`'s probe, the best a head fine-tune found offline), in the `shift`
 profile's world.
 
 Both versions play the same workload (one seed, `--workflows`) alone; their per-workflow
@@ -9,7 +9,7 @@ samples (SLA met, mean reward of its attempts: what the judge sees) form two poo
 the challenger; a verdict every 10 challenger workflows, as `bench/aa_false_promotions.py`)
 until the test decides.
 
-    .venv/bin/python bench/judge_power.py [--margin 0.6] [--workflows 400] [--seed 40000]
+    .venv/bin/python experiments/judge_power.py [--margin 0.6] [--workflows 400] [--seed 40000]
         [--shares 0.3,0.5] [--min-samples 100] [--runs 100]
 """
 

@@ -6,7 +6,7 @@ space (the bias of the memory mean in `cont_head`'s last layer): the one directi
 fine-tuning the actor heads can move every memory reservation at once. If no `b` beats the
 frozen champion, head fine-tuning has little to find in that world.
 
-    .venv/bin/python bench/shift_probe.py [--profile shift] [--oom-restart S]
+    .venv/bin/python experiments/shift_probe.py [--profile shift] [--oom-restart S]
         [--mem-spread X] [--neighbour K] [--load L] [--seed0 10000] [--seeds 2]
         [--workflows 150] [--margins 0.3,0.6] [--policies heft_history] [--json]
 

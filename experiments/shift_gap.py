@@ -8,12 +8,12 @@ fine-tunes the actor heads on that experience from the current model (the KL lim
 round, to the model that played). Then both versions are evaluated as served
 (deterministic) on the same held-out seeds.
 
-    .venv/bin/python bench/shift_gap.py [--rounds 6] [--train-workflows 75] [--eval-seeds 3]
+    .venv/bin/python experiments/shift_gap.py [--rounds 6] [--train-workflows 75] [--eval-seeds 3]
         [--eval-workflows 150] [--profile shift] [--credit task-critic|task|attempt]
         [--lr 2e-3] [--epochs 8] [--target-kl 0.2] [--ent-coef 0.01] [--clip 0.2] [--out FILE]
 
-The defaults are the settings that closed the gap (README "The shifted world"); without the
-entropy bonus the rounds narrowed the Betas instead of moving their means.
+The defaults are the settings that closed the gap (CHANGELOG.md); without the entropy
+bonus the rounds narrowed the Betas instead of moving their means.
 
 The shift is `sim.shift` of `--profile` (default: the `shift` profile, from t=0).
 """
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -29,6 +30,10 @@ from typing import Any
 
 import numpy as np
 import torch
+
+# the shared bench harness (and bench/online_shift.py) import as top-level modules
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+
 from harness.finetune_args import add_finetune_args, finetune_config
 
 from dagsched.learner.online import finetune_heads
@@ -101,7 +106,7 @@ def main() -> None:
     ap.add_argument("--eval-seeds", type=int, default=3)
     ap.add_argument("--eval-workflows", type=int, default=150)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--out", type=Path, default=Path("bench/results/shift_gap.json"))
+    ap.add_argument("--out", type=Path, default=Path("experiments/results/shift_gap.json"))
     add_finetune_args(ap, lr=2e-3, credit="task-critic")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)

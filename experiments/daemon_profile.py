@@ -1,4 +1,4 @@
-"""Profile one daemon replica draining a backlog, in this process (issue 13's overhead work).
+"""Profile one daemon replica draining a backlog, in this process.
 
 Sets up what `bench/daemon_throughput.py` does (the embedded broker, a private `redis-server`,
 the default 32 nodes as heartbeats, a backlog of the default scenario's ready tasks published
@@ -11,7 +11,7 @@ before the daemon starts), then runs `Daemon` here, serving the heuristic fallba
   `--wall`), printed by cumulative and own time;
 - garbage collections: how many, in total and the longest, per generation.
 
-    PYTHONPATH=. .venv/bin/python bench/daemon_profile.py [--gnn] [--tasks 20000]
+    PYTHONPATH=. .venv/bin/python experiments/daemon_profile.py [--gnn] [--tasks 20000]
         [--steps | --profile /tmp/daemon.prof [--wall]]
 """
 
@@ -22,9 +22,14 @@ import asyncio
 import cProfile
 import os
 import pstats
+import sys
 import time
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
+
+# the shared bench harness (and bench/online_shift.py) import as top-level modules
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
 from harness.gc_pauses import GcPauses
 from harness.in_process import champion_daemon, prepare, run_bench

@@ -2,7 +2,7 @@
 or broker (a lent GPU box). Same training as `dagsched train`, same held-out evaluation;
 prints one JSON object (timing, device, evaluation) and writes it next to the bundle.
 
-    python bench/train_export.py --minutes 7 --seed 2 --out OUT/champ [--device cuda]
+    python experiments/train_export.py --minutes 7 --seed 2 --out OUT/champ [--device cuda]
 
 Register the bundle afterwards where MLflow is: `dagsched models register OUT/champ`, or copy
 it to models/champion.

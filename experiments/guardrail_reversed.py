@@ -13,7 +13,7 @@ on a *reversed* reward, made champion by hand mid-run, rolled back by the judge'
    significantly below 0, within `evaluator.guardrail_window` workflows or not at all.
 3. Both versions are also played alone on `--eval-seeds` held-out seeds, for the table.
 
-    .venv/bin/python bench/guardrail_reversed.py [--profile shift] [--workflows 600]
+    .venv/bin/python experiments/guardrail_reversed.py [--profile shift] [--workflows 600]
         [--promote-at 150] [--rounds 5] [--train-workflows 100] [--eval-seeds 2]
         [--lr 5e-3] [--target-kl 1e9] [--json]
 
@@ -21,7 +21,7 @@ The defaults lift the KL limit that keeps a learner's round near its champion (0
 loop): with it, 3 reversed rounds at 2e-3 made a version only 4 SLA points worse, which the
 guardrail did not tell from the champion within its window.
 
-Writes bench/results/guardrail_reversed.{json,png} (`--out` folder). `--copy` is the control:
+Writes experiments/results/guardrail_reversed.{json,png} (`--out` folder). `--copy` is the control:
 the champion's own copy promoted the same way (guardrail_copy.{json,png}); exit status 1
 when the bad version is not rolled back, or the copy is.
 """
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -37,6 +38,10 @@ from typing import Any
 
 import numpy as np
 import torch
+
+# the shared bench harness (and bench/online_shift.py) import as top-level modules
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+
 from harness.finetune_args import add_finetune_args, finetune_config
 from online_shift import CHAMPION, events_doc, held_out, workload
 
@@ -148,7 +153,7 @@ def parse() -> argparse.Namespace:
         help="the control: promote an identical copy of the champion instead (no fine-tuning)",
     )
     ap.add_argument("--json", action="store_true", help="print one JSON object (the summary)")
-    ap.add_argument("--out", type=Path, default=Path("bench/results"))
+    ap.add_argument("--out", type=Path, default=Path("experiments/results"))
     add_finetune_args(ap, lr=5e-3, credit="task-critic")
     # deliberately bad: the KL limit that keeps a learner's round near its champion is lifted
     ap.set_defaults(target_kl=1e9)

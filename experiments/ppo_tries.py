@@ -1,10 +1,11 @@
-"""PPO tries for issue 14: train with TrainSettings overrides (and, optionally, other reward
-weights for training), then evaluate like `dagsched eval` on held-out seeds at loads 0.8 and
-0.95 against heft_history and heft; optionally with exact truth too.
+"""PPO tries from the heft_history warm start: train with TrainSettings overrides (and,
+optionally, other reward weights for training), then evaluate like `dagsched eval` on
+held-out seeds at loads 0.8 and 0.95 against heft_history and heft; optionally with exact
+truth too.
 
-    python bench/ppo_tries.py --minutes 15 --seed 4 --set critic_warmup_updates=20 \\
+    python experiments/ppo_tries.py --minutes 15 --seed 4 --set critic_warmup_updates=20 \\
         --set reward_norm=true --label warmup --out OUT/tries
-    python bench/ppo_tries.py --eval-only models/champion --label champion --out OUT/tries
+    python experiments/ppo_tries.py --eval-only models/champion --label champion --out OUT/tries
 
 Prints one table and writes `OUT/<label>.json` (settings, training curve, rows) and, for a
 trained model, the bundle in `OUT/<label>/`.

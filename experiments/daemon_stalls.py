@@ -1,7 +1,7 @@
-"""Where a paced daemon's latency tail comes from (issue 13): one replica in this process,
+"""Where a paced daemon's latency tail comes from: one replica in this process,
 tasks offered at a steady rate, every event-loop callback and garbage collection timed.
 
-Sets up what `bench/daemon_profile.py` does (the embedded broker, a private `redis-server`,
+Sets up what `experiments/daemon_profile.py` does (the embedded broker, a private `redis-server`,
 the default 32 nodes, the shipped champion or `--heuristic`), publishes the workflows, then
 offers their ready tasks at `--rate` per second for `--seconds` (confluent-kafka, as the
 throughput bench's paced producer; half a second of them first, not measured, while the
@@ -10,7 +10,7 @@ submit-to-decision p50 / p99 / max, the callbacks of the event loop that held it
 `--slow-ms` (by coroutine, count, total and longest: a callback that long delays every task
 waiting behind it) and the garbage collections by generation.
 
-    PYTHONPATH=. .venv/bin/python bench/daemon_stalls.py [--rate 1000] [--seconds 8]
+    PYTHONPATH=. .venv/bin/python experiments/daemon_stalls.py [--rate 1000] [--seconds 8]
 """
 
 from __future__ import annotations
@@ -19,9 +19,14 @@ import argparse
 import asyncio
 import re
 import statistics
+import sys
 import time
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
+
+# the shared bench harness (and bench/online_shift.py) import as top-level modules
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
 from harness.gc_pauses import GcPauses
 from harness.in_process import champion_daemon, prepare, run_bench
