@@ -1,112 +1,89 @@
-"""Where a learned policy could beat heft_history, and where a model loses to it.
+"""What a learned policy could gain over heft_history: information, ordering, and both.
 
-Held-out seeds of the default scenario at loads 0.8 and 0.95, as `dagsched eval` draws them:
+Held-out seeds of the default scenario at loads 0.8 and 0.95, as `dagsched eval` draws them,
+every policy deciding through the same views the daemon builds (`core.heft.HeftHistory`):
 
-- oracles: heft_history's placement with every reservation set from the hidden truth (the
-  task's real mean CPU use and memory peak x 1.05: no OOM kill, no throttling, no waste),
-  then also with the placed task's real run time in the finish-time estimate. Their mean JCT
-  bounds what better reservations and runtime predictions can buy;
-- with `--model BUNDLE`, the model split in two: its node choices with heft_history's
-  reservations, and heft_history's node choices with the model's reservations (as ratios to
-  heft_history's on the model's node), which says which head the gap comes from.
+- heft_history with each queue-priority rule: FIFO, SRPT (remaining declared work, the
+  policy's base), EDF (deadline) and least slack;
+- oracles: heft_history fed *perfect information* - a family history that predicts each
+  task's real mean CPU use and memory peak (reserved at x 1.05: no OOM kill, no throttling,
+  no waste) and, for `_runtime`, its real run time - with FIFO queues and with the best
+  priority rule. Their mean JCT bounds what better predictions can buy on top of ordering;
+- with `--model BUNDLE`, the model itself.
 
-    python bench/ppo_headroom.py [--model models/champion] [--seeds 4] [--workflows 60]
+    python bench/ppo_headroom.py [--model models/champion] [--seeds 3] [--workflows 200]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from dagsched.core.bounds import CPU_BOUNDS, MEM_BOUNDS
-from dagsched.core.history import predicted_use, summarize
-from dagsched.core.scheduler import Scheduler
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from harness.results import write_results
+
+from dagsched.core.demand import VPA_MARGIN
+from dagsched.core.heft import PRIORITY_RULES, HeftHistory
+from dagsched.core.history import FamilySummary
 from dagsched.learner.offline_eval import evaluate, scenarios
 from dagsched.policy.bundle import load_bundle
-from dagsched.sim.baselines import (
-    HISTORY_MARGIN,
-    BatchView,
-    Demand,
-    HEFTHistoryPolicy,
-    earliest_finish_node,
-)
 from dagsched.sim.config import ScenarioConfig
 from dagsched.sim.engine import Simulator
 from dagsched.sim.runs import Decision, TaskRun
 from dagsched.sim.snapshot import SchedulerPolicy, cluster_view, task_view
 
+OUT = Path(__file__).resolve().parent / "results" / "ppo_headroom.json"
+RESERVE = 1.05  # the oracle reserves the real use x this
 
-def history_demand(sim: Simulator, t: TaskRun) -> Demand:
-    """heft_history's reservation and runtime prediction for `t`."""
+
+def perfect_history(t: TaskRun, runtime: bool) -> FamilySummary:
+    """A history whose recommendation is the task's real use and peak x RESERVE (and, with
+    `runtime`, whose runtime prediction is the task's real run time)."""
     s = t.spec
-    stats = summarize(sim.history.get(s.family))
-    cores, mem, ratio = predicted_use(s.cpu_cores, s.mem_gb, stats, HISTORY_MARGIN)
-    return Demand(sim, t, cores, mem, ratio)
+    cpu = t.use_cores * RESERVE / VPA_MARGIN / s.cpu_cores
+    mem = t.peak_mem * RESERVE / VPA_MARGIN / s.mem_gb
+    ratio = t.true_s / s.duration_s if runtime else 1.0
+    return FamilySummary(1000, cpu, cpu, mem, mem, ratio, ratio, 0, 0.0)
 
 
 class Oracle:
-    """heft_history's order and finish-time rule with reservations from the hidden truth
-    (and, with `runtime`, the task's real run time)."""
+    """heft_history with a priority rule, deciding on views whose history is perfect."""
 
-    def __init__(self, runtime: bool) -> None:
+    def __init__(self, rule: str, runtime: bool) -> None:
+        self.heft = HeftHistory(rule)
         self.runtime = runtime
-        self.name = "oracle_res_runtime" if runtime else "oracle_res"
+        self.name = f"oracle_{rule}"
 
     def decide(self, sim: Simulator, ready: list[TaskRun]) -> list[Decision]:
-        order = sorted(ready, key=lambda t: -t.run.upward_rank()[t.idx])
-        view = BatchView(sim)
-        out = []
-        for t in order:
-            ratio = history_demand(sim, t).runtime_ratio
-            if self.runtime:
-                ratio = t.true_s / t.spec.duration_s
-            d = Demand(sim, t, t.use_cores, t.peak_mem * 1.05, ratio)
-            node = earliest_finish_node(sim, view, d, t, predicted=True)
-            out.append(d.decision(t, node))
-            view.take(sim, node, d, t)
-        return out
-
-
-class ModelNodes(SchedulerPolicy):
-    """The model's node choices with heft_history's reservations."""
-
-    def decide(self, sim: Simulator, ready: list[TaskRun]) -> list[Decision]:
-        ps = self.scheduler.place(cluster_view(sim), [task_view(t, sim) for t in ready])
-        return [history_demand(sim, t).decision(t, p.node) for t, p in zip(ready, ps, strict=True)]
-
-
-class ModelReservations(SchedulerPolicy):
-    """heft_history's node choices with the model's reservations, carried over as ratios to
-    heft_history's reservation on the node the model chose."""
-
-    def __init__(self, scheduler: Scheduler, name: str) -> None:
-        super().__init__(scheduler, name)
-        self.hh = HEFTHistoryPolicy()
-
-    def decide(self, sim: Simulator, ready: list[TaskRun]) -> list[Decision]:
-        hh = {id(d.task): d for d in self.hh.decide(sim, ready)}
-        ps = self.scheduler.place(cluster_view(sim), [task_view(t, sim) for t in ready])
-        out = []
-        for t, p in zip(ready, ps, strict=True):
-            d, ref = hh[id(t)], history_demand(sim, t)
-            cpu = d.cpu * p.cpu / ref.frac[0, p.node]
-            mem = d.mem * p.mem / ref.frac[1, p.node]
-            cpu = min(CPU_BOUNDS[1], max(CPU_BOUNDS[0], cpu))
-            mem = min(MEM_BOUNDS[1], max(MEM_BOUNDS[0], mem))
-            out.append(Decision(t, d.node, cpu, mem, p.max_retries))
-        return out
+        tvs = []
+        for t in ready:
+            tv = task_view(t, sim)
+            if not self.runtime and tv.history is not None:  # runtime as history predicts
+                h = perfect_history(t, False)
+                tvs.append(replace(tv, history=replace(h, runtime_ratio=tv.history.runtime_ratio)))
+            else:
+                tvs.append(replace(tv, history=perfect_history(t, self.runtime)))
+        ps = self.heft.place(cluster_view(sim), tvs)
+        return [
+            Decision(t, p.node, p.cpu, p.mem, p.max_retries, p.priority)
+            for t, p in zip(ready, ps, strict=True)
+        ]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", type=Path, default=None)
-    ap.add_argument("--seeds", type=int, default=4)
-    ap.add_argument("--workflows", type=int, default=60)
-    ap.add_argument("--out", type=Path, default=None, help="JSON rows")
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--workflows", type=int, default=200)
+    ap.add_argument("--rule", default="srpt", choices=sorted(PRIORITY_RULES),
+                    help="the priority rule the ordered oracles use")  # fmt: skip
+    ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
     torch.set_num_threads(1)
     keep = ("load:0.8", "load:0.95")
@@ -115,22 +92,30 @@ def main() -> None:
     ]
     policies: dict[str, Any] = {
         "heft_history": lambda _s: "heft_history",
-        "oracle_res": lambda _s: Oracle(runtime=False),
-        "oracle_res_runtime": lambda _s: Oracle(runtime=True),
-    }
+        **{f"heft_history_{r}": (lambda _s, r=r: f"heft_history_{r}")
+           for r in ("srpt", "edf", "slack")},
+        "oracle_res": lambda _s: Oracle("fifo", runtime=False),
+        "oracle_res_runtime": lambda _s: Oracle("fifo", runtime=True),
+        f"oracle_res_{args.rule}": lambda _s: Oracle(args.rule, runtime=False),
+        f"oracle_res_runtime_{args.rule}": lambda _s: Oracle(args.rule, runtime=True),
+    }  # fmt: skip
     if args.model is not None:
         m = load_bundle(args.model, "model")
         policies["model"] = lambda _s: SchedulerPolicy(m, "model")
-        policies["model_nodes+hh_res"] = lambda _s: ModelNodes(m, "model_nodes")
-        policies["hh_nodes+model_res"] = lambda _s: ModelReservations(m, "model_res")
     rows = evaluate(cases, policies, args.seeds)
+    base = {r["scenario"]: r["mean_jct_s"] for r in rows if r["policy"] == "heft_history"}
+    print(f"{'scenario':>10} {'policy':>28} {'SLA':>6} {'JCT s':>7} {'vs FIFO':>8} {'core-s':>9}")
     for r in rows:
+        gain = r["mean_jct_s"] / base[r["scenario"]] - 1
+        r["jct_vs_heft_history"] = gain
         print(
-            f"{r['scenario']:>10} {r['policy']:>20}  SLA {r['sla_attainment']:.3f}  "
-            f"JCT {r['mean_jct_s']:6.0f}  cost {r['cost_core_s']:8.0f}  oom {r['oom_kills']:.1f}"
+            f"{r['scenario']:>10} {r['policy']:>28} {r['sla_attainment']:6.3f} "
+            f"{r['mean_jct_s']:7.0f} {gain:+8.1%} {r['cost_core_s']:9.0f}"
         )
-    if args.out is not None:
-        args.out.write_text(json.dumps(rows, indent=1) + "\n")
+    cmd = "python bench/ppo_headroom.py " + " ".join(sys.argv[1:])
+    write_results(args.out, {"command": cmd.strip(), "seeds": args.seeds,
+                             "workflows": args.workflows, "rows": rows})  # fmt: skip
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":
