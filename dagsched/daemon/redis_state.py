@@ -10,7 +10,6 @@ Every key starts with `{topic_prefix}dagsched:` so two stacks can share one Redi
 | `nodeled:{id}` | set | ledger keys on a node (dropped when it goes down) |
 | `dec:{wf}/{task}:{attempt}` | string | the decision's JSON, written once (SET NX semantics) |
 | `declog:keys`, `declog:recs` | streams | the decision log: per policy call, the keys of its new decisions, and its `decision_batch` record (zlib), under the same stream id; capped by `daemon.decision_log_max_mb` and `observation_ttl_s` |
-| `obs:{wf}/{task}:{attempt}` | string | a decision's whole `decision_log` (observation, action): the older form, still read |
 | `wf:{id}` | string | the workflow message JSON |
 | `wfdone:{id}`, `wfactive:{id}` | sets | task indices done / decided and not done |
 | `wfnode:{id}` | hash | task index -> node id of its latest started attempt |

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import subprocess
+import time
 
 import pytest
 import structlog
@@ -50,18 +51,19 @@ def one_line_error(proc: subprocess.CompletedProcess, *fragments: str) -> str:
     return lines[0]
 
 
-def test_explain_json_and_png_end_to_end(stack, champion, sim_obs, tmp_path):
-    obs, ids = sim_obs
+def test_explain_json_and_png_end_to_end(stack, champion, sim_point, tmp_path):
+    ids = sim_point[0].node_ids
     stack.store_nodes(ids)
-    dec = stack.store_gnn(champion, obs, ids, "wf-e2e", 3)
+    dec = stack.store_gnn(champion, sim_point, "wf-e2e")
+    tid = f"wf-e2e/{dec.task}"
     png = tmp_path / "why.png"
     proc = dagsched(
-        "explain", "--task-id", "wf-e2e/3", "--json", "--png", str(png),
+        "explain", "--task-id", tid, "--json", "--png", str(png),
         "--model-dir", str(CHAMPION), env=stack.env, cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     d = json.loads(proc.stdout)
-    assert d["task_id"] == "wf-e2e/3" and d["attempt"] == 0  # latest attempt found
+    assert d["task_id"] == tid and d["attempt"] == 0  # latest attempt found
     assert d["model_version"] == "v1" and d["arm"] == "champion"
     assert d["chosen"]["node"] == dec.node == ids[d["chosen"]["index"]]
     assert d["runner_up"]["index"] != d["chosen"]["index"]
@@ -78,14 +80,13 @@ def test_explain_json_and_png_end_to_end(stack, champion, sim_obs, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_table_for_a_later_attempt(cli, stack, champion, sim_obs):
-    obs, ids = sim_obs
-    stack.store_gnn(champion, obs, ids, "wf-t", 0, attempt=0)
-    stack.store_gnn(champion, obs, ids, "wf-t", 0, attempt=1)
-    proc = cli("explain", "--task-id", "wf-t/0", "--model-dir", str(CHAMPION), env=stack.env)
+def test_table_for_a_later_attempt(cli, stack, champion, sim_point):
+    stack.store_gnn(champion, sim_point, "wf-t", attempt=0)
+    tid = f"wf-t/{stack.store_gnn(champion, sim_point, 'wf-t', attempt=1).task}"
+    proc = cli("explain", "--task-id", tid, "--model-dir", str(CHAMPION), env=stack.env)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    assert "wf-t/0 attempt 1" in out  # the latest attempt by default
+    assert f"{tid} attempt 1" in out  # the latest attempt by default
     assert "runner-up" in out and "What separated" in out and "contribution" in out
     assert "completeness:" in out and ": ok" in out
 
@@ -106,36 +107,35 @@ def test_unknown_task_id_is_one_line_error(stack, tmp_path):
     one_line_error(proc, "unknown task id", "wf-nope/7")
 
 
-def test_other_user_errors(cli, stack, champion, sim_obs, tmp_path):
+def test_other_user_errors(cli, stack, champion, sim_point, tmp_path):
     one_line_error(cli("explain", "--task-id", "no-slash", env=stack.env), "WORKFLOW_ID/TASK_INDEX")
     proc = cli("explain", "--task-id", "wf/1", "--attempt", "4", env=stack.env)
     one_line_error(proc, "attempt 4")
     one_line_error(cli("explain", "--sample", "3", env=stack.env), "--out")
     down = {**stack.env, "DAGSCHED_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}
     one_line_error(cli("explain", "--task-id", "wf/1", env=down), "cannot read Redis")
-    obs, ids = sim_obs
-    stack.store_gnn(champion, obs, ids, "wf-m", 0, version="v7")
+    task = stack.store_gnn(champion, sim_point, "wf-m", version="v7").task
     empty = tmp_path / "empty"
     empty.mkdir()
-    args = ("explain", "--task-id", "wf-m/0", "--model-dir", str(empty))
+    args = ("explain", "--task-id", f"wf-m/{task}", "--model-dir", str(empty))
     one_line_error(cli(*args, env=stack.env), "no model bundle for version 'v7'")
-    stack.store_gnn(champion, obs, ids, "wf-n", 0, version="bundle:local")
-    one_line_error(cli("explain", "--task-id", "wf-n/0", env=stack.env), "not a registry version")
-    stack.client.delete(stack.key("obs", "wf-n/0", 0))  # the decision log expired
-    one_line_error(cli("explain", "--task-id", "wf-n/0", env=stack.env), "not stored any more")
+    stack.store_gnn(champion, sim_point, "wf-n", version="bundle:local")
+    n_args = ("explain", "--task-id", f"wf-n/{task}")
+    one_line_error(cli(*n_args, env=stack.env), "not a registry version")
+    stack.expire_log(f"wf-n/{task}", 0)  # the decision log expired
+    one_line_error(cli(*n_args, env=stack.env), "not stored any more")
 
 
-def test_sample_report_over_versions(cli, stack, champion, sim_obs, tmp_path):
-    obs, ids = sim_obs
-    t0 = 1_796_000_000.0
+def test_sample_report_over_versions(cli, stack, champion, sim_point, tmp_path):
+    t0 = time.time() - 60
     for i in range(3):  # v1 was champion, then v2 was promoted
-        stack.store_gnn(champion, obs, ids, "wf-s", i, version="v1", decided_at=t0 + i)
-        stack.store_gnn(champion, obs, ids, "wf-s", 10 + i, version="v2", decided_at=t0 + 10 + i)
+        stack.store_gnn(champion, sim_point, f"wf-s{i}", version="v1", decided_at=t0 + i)
+        stack.store_gnn(champion, sim_point, f"wf-s{10 + i}", version="v2", decided_at=t0 + 10 + i)
     # older than the sample's 7 newest: left out
     stack.store_gnn(
-        champion, obs, ids, "wf-s", 20, version="v2", arm="challenger", decided_at=t0 - 50
+        champion, sim_point, "wf-s20", version="v2", arm="challenger", decided_at=t0 - 50
     )
-    stack.store_fallback("wf-s", 30, "node-0001")
+    stack.store_fallback("wf-s", 30, "node-0001", decided_at=t0)
     out = tmp_path / "report"
     proc = cli(
         "explain", "--sample", "7", "--out", str(out), "--model-dir", str(CHAMPION),

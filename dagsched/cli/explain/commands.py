@@ -122,12 +122,10 @@ def _explain_one(
     task_key = parse_task_id(task_id)
     k, raw_log, raw_dec = store.find(task_key, attempt)
     what = f"{task_key} attempt {k}"
-    decision: dict[str, Any] | None = None
-    if raw_dec is not None:
-        try:
-            decision = json.loads(raw_dec)
-        except ValueError:
-            decision = None
+    try:
+        decision: dict[str, Any] | None = json.loads(raw_dec)
+    except ValueError:
+        decision = None
     if raw_log is None:
         arm = (decision or {}).get("arm")
         if arm == "fallback":

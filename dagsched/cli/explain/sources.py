@@ -23,8 +23,6 @@ if TYPE_CHECKING:
     from dagsched.learner.decision_log import LoggedDecision
     from dagsched.policy.scheduler import GNNScheduler
 
-_GLOB = re.compile(r"([*?\[\]\\])")
-_DECIDED_AT = re.compile(rb'"decided_at":\s*([0-9.eE+-]+)')
 # how far around a decision's decided_at its log record is searched (clocks of the daemon
 # host and Redis may differ a little; the record is written when its batch ends)
 SEARCH_BEFORE_MS, SEARCH_AFTER_MS = 10_000, 120_000
@@ -46,8 +44,7 @@ class DecisionStore:
     `{topic_prefix}dagsched:dec:{wf}/{task}:{attempt}`; the decision log in the streams
     `...:declog:keys` (per policy call, its new decisions' keys) and `...:declog:recs` (its
     `decision_batch`, zlib, same id), whose observations are replayed with the workflows
-    (`...:wf:{id}`); older logs under `...:obs:{wf}/{task}:{attempt}`.
-    Every log comes out as a `DecisionLogMsg` with its observation.
+    (`...:wf:{id}`). Every log comes out as a `DecisionLogMsg` with its observation.
     """
 
     def __init__(self, settings: Settings) -> None:
@@ -65,47 +62,37 @@ class DecisionStore:
         except redis.RedisError as exc:
             raise ExplainFailed(f"cannot read Redis at {self.url}: {exc}") from None
 
-    def key(self, kind: str, task_key: str, attempt: int) -> str:
-        """The Redis key of a decision (`dec`) or decision log (`obs`)."""
-        return f"{self.prefix}{kind}:{task_key}:{attempt}"
+    def key(self, task_key: str, attempt: int) -> str:
+        """The Redis key of a decision."""
+        return f"{self.prefix}dec:{task_key}:{attempt}"
 
-    def find(self, task_key: str, attempt: int | None) -> tuple[int, bytes | None, bytes | None]:
-        """(attempt, decision-log bytes, decision bytes) of the asked attempt, or of the latest
-        stored one (attempts 0, 1, ... until one has neither); ExplainFailed if none."""
+    def find(self, task_key: str, attempt: int | None) -> tuple[int, bytes | None, bytes]:
+        """(attempt, decision-log bytes or None, decision bytes) of the asked attempt, or of
+        the latest stored one (attempts 0, 1, ... until one is missing); ExplainFailed if
+        none. The log is None when it is not kept any more, or for the fallback's decisions."""
         if attempt is not None:
-            log, dec = self._call(
-                self.redis.mget,
-                [self.key("obs", task_key, attempt), self.key("dec", task_key, attempt)],
-            )
-            if log is None and dec is None:
+            dec = self._call(self.redis.get, self.key(task_key, attempt))
+            if dec is None:
                 raise ExplainFailed(
                     f"unknown task id {task_key!r} attempt {attempt}: no decision stored "
-                    f"under {self.prefix}dec:{task_key}:{attempt}"
+                    f"under {self.key(task_key, attempt)}"
                 )
-            return attempt, log or self._batch_log(task_key, attempt, dec), dec
-        found: tuple[int, bytes | None, bytes | None] | None = None
+            return attempt, self._batch_log(task_key, attempt, dec), dec
+        found: tuple[int, bytes] | None = None
         k = 0
-        while True:
-            log, dec = self._call(
-                self.redis.mget, [self.key("obs", task_key, k), self.key("dec", task_key, k)]
-            )
-            if log is None and dec is None:
-                break
-            found = (k, log, dec)
+        while (dec := self._call(self.redis.get, self.key(task_key, k))) is not None:
+            found = (k, dec)
             k += 1
         if found is None:
             raise ExplainFailed(
-                f"unknown task id {task_key!r}: no decision stored under "
-                f"{self.prefix}dec:{task_key}:0"
+                f"unknown task id {task_key!r}: no decision stored under {self.key(task_key, 0)}"
             )
-        k, log, dec = found
-        return k, log or self._batch_log(task_key, k, dec), dec
+        k, dec = found
+        return k, self._batch_log(task_key, k, dec), dec
 
-    def _batch_log(self, task_key: str, attempt: int, dec: bytes | None) -> bytes | None:
+    def _batch_log(self, task_key: str, attempt: int, dec: bytes) -> bytes | None:
         """The decision's log from the decision-log streams, as `decision_log` JSON: the
         record whose keys name it, searched from a little before its `decided_at`."""
-        if dec is None:
-            return None
         try:
             d = json.loads(dec)
             at_ms, arm = int(float(d["decided_at"]) * 1000), d["arm"]
@@ -168,13 +155,13 @@ class DecisionStore:
 
     def recent_logs(self, n: int) -> tuple[list[DecisionLogMsg], int, int]:
         """The `n` most recent decision logs (by decided_at), how many logs are stored, and how
-        many of the chosen ones were unreadable. Reads the decision-log streams newest first
-        (and counts the small keys stream whole), and the pre-issue-13 `obs:` keys in chunks
-        keeping only the `n` newest, so memory stays bounded however many are stored."""
-        newest: list[tuple[float, int, Any]] = []  # min-heap of (decided_at, seq, raw | log)
-        stored, seq = 0, 0
+        many of the chosen ones were unreadable. Reads the decision-log records newest first,
+        keeping only the `n` newest decisions, so memory stays bounded however many are stored
+        (the small keys stream is counted whole)."""
+        newest: list[tuple[float, int, LoggedDecision]] = []  # min-heap (decided_at, seq, log)
+        seq = 0
 
-        def offer(at: float, item: Any) -> bool:
+        def offer(at: float, item: LoggedDecision) -> bool:
             nonlocal seq
             seq += 1
             if len(newest) < n:
@@ -185,16 +172,7 @@ class DecisionStore:
                 return True
             return False
 
-        pattern = _GLOB.sub(r"\\\1", self.prefix) + "obs:*"
-        keys = list(self._call(lambda: list(self.redis.scan_iter(match=pattern, count=1000))))
-        for i in range(0, len(keys), 500):
-            for raw in self._call(self.redis.mget, keys[i : i + 500]):
-                if raw is None:  # expired meanwhile
-                    continue
-                stored += 1
-                m = _DECIDED_AT.search(raw)
-                offer(float(m[1]) if m else 0.0, raw)
-        stored += self._count_stream()
+        stored = self._count_stream()
         end = "+"
         recs = self.prefix + "declog:recs"
         while True:  # newest records first, until they are older than all n kept
@@ -209,17 +187,12 @@ class DecisionStore:
                 break
             end = b"(" + chunk[-1][0]
         chosen = sorted(newest, key=lambda x: x[:2], reverse=True)
-        wfs = self.workflows(
-            {w for _, _, x in chosen if not isinstance(x, bytes) for w in x.workflow_ids}
-        )
+        wfs = self.workflows({w for _, _, x in chosen for w in x.workflow_ids})
         logs: list[DecisionLogMsg] = []
         bad = 0
         for _, _, item in chosen:
             try:
-                if isinstance(item, bytes):
-                    logs.append(DecisionLogMsg.model_validate_json(item))
-                else:
-                    logs.append(item.as_message(wfs.get))
+                logs.append(item.as_message(wfs.get))
             except ValueError:
                 bad += 1
         return logs, stored, bad
