@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from dagsched.core.bounds import ACTION_NAMES
 from dagsched.core.observation import NODE_FEATURES, Observation
 from dagsched.core.wire import to_workflow
 from dagsched.core.workflow import Workflow, downward_finish_s
@@ -68,7 +69,14 @@ class Joined:
 
     @property
     def trainable(self) -> bool:
-        return self.observation is not None and self.unit is not None
+        """It carries what a policy-gradient step needs: the observation, and the action's
+        unit values in the current head's shape (a version that logged three values, before
+        the priority head, cannot be evaluated by a four-value head)."""
+        return (
+            self.observation is not None
+            and self.unit is not None
+            and len(self.unit) == len(ACTION_NAMES)
+        )
 
 
 @dataclass

@@ -115,7 +115,7 @@ def _messages(observation: dict[str, object]) -> list[object]:
         model_version="v1",
         arm="champion",
         node_index=0,
-        unit=[0.2, 0.1, 0.5],
+        unit=[0.2, 0.1, 0.5, 0.5],
         log_prob=-1.0,
         value=0.0,
         decided_at=1.0,
@@ -194,6 +194,18 @@ def test_outcomes_that_arrive_before_their_workflow_are_joined_when_it_comes(
     assert early == []
     (j,) = joiner.add(msgs[0], now=0.0)  # the workflow, last
     assert j.trainable and joiner.pending == {} and joiner.waiting == {}
+
+
+def test_a_decision_logged_with_the_older_three_values_is_not_trainable(
+    transitions: list[Joined],
+) -> None:
+    """Logs of a version from before the priority head carry three unit values; a four-value
+    head cannot evaluate them, so the learner leaves them out rather than fail."""
+    from dataclasses import replace
+
+    j = next(t for t in transitions if t.trainable)
+    assert j.unit is not None and len(j.unit) == 4
+    assert not replace(j, unit=j.unit[:3]).trainable
 
 
 def _attempt(task: str, attempt: int, reward: float) -> Joined:
