@@ -41,5 +41,5 @@ class ShiftedReservation:
         out = []
         for p in self.base.place(cluster, tasks):
             moved = shift_logit(getattr(p, self.head), lo, hi, self.shift)
-            out.append(replace(p, **{self.head: moved}))
+            out.append(replace(p, cpu=moved) if self.head == "cpu" else replace(p, mem=moved))
         return out
