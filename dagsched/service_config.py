@@ -166,6 +166,26 @@ class LearnerSettings(_Strict):
     credit: Literal["task", "task-critic", "attempt"] = "task"
 
 
+class ReplaySettings(_Strict):
+    """The replay judge (`learner.replay_judge`): windows, replays, the paired test, fidelity."""
+
+    window_workflows: int = Field(default=100, ge=1)  # arrivals per window (non-overlapping)
+    warmup_workflows: int = Field(default=200, ge=0)  # earlier arrivals replayed first, uncounted
+    replays: int = Field(default=8, ge=1)  # K per version per window (common random numbers)
+    alpha: float = Field(default=0.05, gt=0, lt=1)
+    min_replays: int = Field(default=16, ge=2)  # paired differences before any verdict
+    max_replays: int = Field(default=400, ge=2)  # then the challenger is retired
+    tau_jct: float = Field(default=0.05, gt=0)  # mixing-prior sd of the relative JCT reduction
+    tau_sla: float = Field(default=0.03, gt=0)
+    tau_reward: float = Field(default=0.02, gt=0)
+    min_effect_jct: float = Field(default=0.02, ge=0)  # 2% shorter mean JCT
+    min_effect_sla: float = Field(default=0.01, ge=0)
+    min_effect_reward: float = Field(default=0.005, ge=0)
+    fidelity_max_jct_err: float = Field(default=0.15, gt=0)  # refuse above this relative error
+    fidelity_windows: int = Field(default=4, ge=1)  # windows pooled for the fidelity check
+    seed: int = 0
+
+
 class EvaluatorSettings(_Strict):
     """`dagsched evaluator`: the sequential A/B test, the guardrail and the Redis lease."""
 
@@ -184,3 +204,4 @@ class EvaluatorSettings(_Strict):
     outcome_timeout_s: float = Field(default=600.0, gt=0)
     guardrail_window: int = Field(default=200, ge=2)  # new-champion workflows watched
     lease_ttl_s: float = Field(default=10.0, gt=0)
+    replay: ReplaySettings = Field(default_factory=ReplaySettings)

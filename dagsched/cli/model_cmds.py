@@ -225,3 +225,177 @@ def eval_cmd(
         rows = evaluate(cases, factories, seeds, mcts_workflows=mcts_workflows, progress=bar)
     md = write_report(out, rows)
     typer.echo(json.dumps(rows) if as_json else md, nl=not as_json or True)
+
+
+def _duration_s(text: str) -> float:
+    """`--window`: `90m`, `2h`, `3600s` or seconds."""
+    units = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+    t = text.strip().lower()
+    try:
+        value = float(t[:-1]) * units[t[-1]] if t and t[-1] in units else float(t)
+    except ValueError:
+        raise typer.BadParameter(f"--window: not a duration: {text!r} (e.g. 2h, 90m)") from None
+    if value <= 0:
+        raise typer.BadParameter(f"--window: must be > 0, got {text!r}")
+    return value
+
+
+def _compare_policy(ctx: typer.Context, ref: str) -> tuple[str, Any]:
+    """A baseline by name, or a version / alias URI / bundle folder from the registry."""
+    from dagsched.sim.runner import POLICY_NAMES, make_policy
+
+    if ref in POLICY_NAMES:
+        return ref, lambda seed: make_policy(ref, seed)
+    from dagsched.registry.errors import RegistryError
+    from dagsched.registry.store import Registry
+    from dagsched.registry.uri import load_model
+    from dagsched.sim.snapshot import SchedulerPolicy
+
+    try:
+        name, sched = load_model(Registry(state(ctx).settings()), ref)
+    except (RegistryError, ValueError, OSError) as exc:
+        raise typer.BadParameter(f"{ref}: {exc}") from None
+    return name, lambda _seed: SchedulerPolicy(sched)
+
+
+@models_app.command("compare")
+def compare_cmd(
+    ctx: typer.Context,
+    a: str = typer.Argument(..., help="The serving version (or a baseline, e.g. heft_history)."),
+    b: str = typer.Argument(..., help="The version or baseline judged against it."),
+    window: str = typer.Option("2h", "--window", help="Arrivals to replay (e.g. 2h, 90m)."),
+    replays: int | None = typer.Option(
+        None, "--replays", min=1, help="K replays per version [evaluator.replay.replays]."
+    ),
+    seed: int = typer.Option(0, "--seed", help="Seed of the simulated window."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object on stdout."),
+    png: Path | None = typer.Option(None, "--png", dir_okay=False, help="Chart of the diffs."),
+) -> None:
+    """The replay judge for any two versions on a window of traffic: A serves a simulated
+    window of the configured scenario, then both replay it K times with common random
+    numbers; per-replay differences (B - A) go through the paired test."""
+    from dataclasses import replace
+
+    from dagsched.learner.replay_feed import record_run
+    from dagsched.learner.replay_judge import ReplayJudge, TrafficRecorder, config_from
+    from dagsched.sim.engine import Simulator
+    from dagsched.sim.runner import stream_workflows
+
+    span = _duration_s(window)
+    if png is not None and not png.parent.is_dir():
+        raise typer.BadParameter(f"--png: no folder {png.parent}")
+    settings = state(ctx).settings()
+    name_a, pol_a = _compare_policy(ctx, a)
+    name_b, pol_b = _compare_policy(ctx, b)
+    sc = settings.sim
+    wfs = []
+    for wf in stream_workflows(sc, seed, 1_000_000):
+        if wf.arrival_s > span:
+            break
+        wfs.append(wf)
+    if not wfs:
+        raise typer.BadParameter(f"--window {window}: no workflow arrives that soon")
+    cfg = config_from(settings.evaluator.replay)
+    cfg = replace(cfg, window_workflows=min(cfg.window_workflows, len(wfs)))
+    if replays is not None:
+        cfg = replace(cfg, replays=replays)
+    rec = TrafficRecorder(cfg.window_workflows, cfg.warmup_workflows)
+    wins = record_run(
+        lambda arrivals, hook: Simulator(sc, arrivals, seed=seed, on_outcome=hook),
+        pol_a(seed),
+        rec,
+        wfs,
+    )
+    judge = ReplayJudge(cfg, sc)
+    with progress_bar("windows", enabled=stderr_is_tty() and not as_json) as bar:
+        for i, w in enumerate(wins):
+            judge.judge(w, pol_a, pol_b)
+            bar(i + 1, len(wins))
+    doc = _compare_doc(name_a, name_b, window, seed, judge)
+    if png is not None:
+        _compare_png(doc, png)
+    if as_json:
+        typer.echo(json.dumps(doc))
+        return
+    _compare_table(doc)
+
+
+def _compare_doc(a: str, b: str, window: str, seed: int, judge: Any) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    from dagsched.reporting import to_jsonable
+
+    reports = judge.reports
+    v = judge.test.verdict()
+    last = reports[-1] if reports else None
+    return to_jsonable(
+        {
+            "a": a,
+            "b": b,
+            "source": f"simulated window ({window}, seed {seed}, served by {a})",
+            "decision": last.decision if last is not None else "continue",
+            "reason": last.reason if last is not None else "",
+            "fidelity": asdict(last.fidelity) if last is not None else None,
+            "stats": v.to_dict()["stats"],
+            "rule": v.rule,
+            "windows": [r.to_dict() for r in reports],
+        }
+    )
+
+
+def _compare_table(doc: dict[str, Any]) -> None:
+    console = Console()
+    t = Table(title=f"{doc['b']} vs {doc['a']}: per-replay differences ({doc['source']})")
+    for col in ("window", "replay", "JCT A (s)", "JCT B (s)", "JCT reduction", "SLA diff",
+                "reward diff"):  # fmt: skip
+        t.add_column(col, justify="right")
+    for w in doc["windows"]:
+        for k, d in enumerate(w["diffs"]):
+            t.add_row(
+                str(w["window"]),
+                str(k),
+                f"{w['champion'][k]['mean_jct_s']:.0f}",
+                f"{w['challenger'][k]['mean_jct_s']:.0f}",
+                f"{d['jct']:+.1%}",
+                f"{d['sla']:+.3f}",
+                f"{d['reward']:+.4f}",
+            )
+    console.print(t)
+    s = Table(title=f"paired test: {doc['decision']} ({doc['reason']})")
+    for col in ("metric", "mean diff", "95% confidence sequence"):
+        s.add_column(col, justify="right")
+    for m, st in doc["stats"].items():
+        s.add_row(m, f"{st['diff']:+.4f}", f"[{st['lower']:+.4f}, {st['upper']:+.4f}]")
+    console.print(s)
+    f = doc["fidelity"]
+    if f is not None:
+        console.print(
+            f"fidelity: replays of {doc['a']} predict mean JCT {f['predicted_jct_s']:.0f} s "
+            f"against {f['observed_jct_s']:.0f} s observed ({f['jct_err']:.1%} off), "
+            f"SLA {f['predicted_sla']:.3f} against {f['observed_sla']:.3f}"
+        )
+
+
+def _compare_png(doc: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    diffs = [d for w in doc["windows"] for d in w["diffs"]]
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
+    for ax, (m, label) in zip(
+        axes, (("jct", "mean-JCT reduction"), ("sla", "SLA"), ("reward", "reward")), strict=True
+    ):
+        ys = [d[m] for d in diffs]
+        ax.plot(range(1, len(ys) + 1), ys, "o", ms=4)
+        st = doc["stats"][m]
+        ax.axhspan(st["lower"], st["upper"], color="tab:blue", alpha=0.15, label="95% CS")
+        ax.axhline(0, color="gray", lw=0.8)
+        ax.set_xlabel("replay")
+        ax.set_title(f"{doc['b']} - {doc['a']}: {label}")
+    axes[0].legend()
+    fig.suptitle(f"paired replays: {doc['decision']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -131,12 +131,19 @@ def compare(
     d = challenger.mean - champion.mean
     nb, nc = max(champion.n, 1), max(challenger.n, 1)
     v = max(champion.var, var_floor) / nb + max(challenger.var, var_floor) / nc
-    t2 = tau * tau
-    log_lambda = 0.5 * math.log(v / (v + t2)) + t2 * d * d / (2 * v * (v + t2))
-    w = math.sqrt(2 * v * (v + t2) / t2 * (math.log(1 / alpha) + 0.5 * math.log((v + t2) / v)))
+    log_lambda, w = mixture(d, v, tau, alpha)
     return MetricStats(
         champion.n, challenger.n, champion.mean, challenger.mean, d, d - w, d + w, log_lambda
     )
+
+
+def mixture(d: float, v: float, tau: float, alpha: float) -> tuple[float, float]:
+    """(log Lambda, half-width of the confidence sequence) of an estimate `d` with variance
+    `v` under a N(0, tau^2) mixing prior (the module docstring's formulas)."""
+    t2 = tau * tau
+    log_lambda = 0.5 * math.log(v / (v + t2)) + t2 * d * d / (2 * v * (v + t2))
+    w = math.sqrt(2 * v * (v + t2) / t2 * (math.log(1 / alpha) + 0.5 * math.log((v + t2) / v)))
+    return log_lambda, w
 
 
 def decide(
@@ -213,3 +220,83 @@ class ABTest:
         for m, stats in v.stats.items():
             stats.explained = explained[m]
         return v
+
+
+# -- the paired test: one difference per replay ------------------------------------------------
+
+PAIRED_METRICS: tuple[str, ...] = ("jct", "sla", "reward")
+
+
+@dataclass(frozen=True)
+class PairedRule:
+    """The paired test's parameters. A sample is one replay's difference, challenger minus
+    champion, higher better: `jct` is the relative reduction of mean JCT, (champion -
+    challenger) / champion; `sla` the SLA attainment; `reward` the mean attempt reward."""
+
+    alpha: float = 0.05
+    min_samples: int = 16
+    max_samples: int = 400
+    tau: dict[str, float] = field(
+        default_factory=lambda: {"jct": 0.05, "sla": 0.03, "reward": 0.02}
+    )
+    min_effect: dict[str, float] = field(
+        default_factory=lambda: {"jct": 0.02, "sla": 0.01, "reward": 0.005}
+    )
+    var_floor: float = 1e-6  # keeps V > 0 when every difference is equal (identical policies)
+
+    def describe(self) -> str:
+        return (
+            f"paired mSPRT (normal mixture) on per-replay differences, alpha={self.alpha:g} "
+            f"split over {len(PAIRED_METRICS)} metrics, min_samples={self.min_samples}, "
+            f"max_samples={self.max_samples}, tau={self.tau}, min_effect={self.min_effect}"
+        )
+
+
+def compare_paired(diffs: Running, tau: float, alpha: float, var_floor: float) -> MetricStats:
+    """One metric's confidence sequence on the mean of paired differences (variance s^2/n);
+    the champion's side of `MetricStats` is 0 and the challenger's is the mean difference."""
+    n = max(diffs.n, 1)
+    v = max(diffs.var, var_floor) / n
+    log_lambda, w = mixture(diffs.mean, v, tau, alpha)
+    d = diffs.mean
+    return MetricStats(diffs.n, diffs.n, 0.0, d, d, d - w, d + w, log_lambda)
+
+
+class PairedTest:
+    """The mSPRT on paired differences, fed one replay's differences at a time. Under the
+    null the differences have mean 0 whatever else they share (a window, the world's draws),
+    so the mixture is a martingale and the test may look after every replay."""
+
+    def __init__(self, rule: PairedRule) -> None:
+        self.rule = rule
+        self.diffs = {m: Running() for m in PAIRED_METRICS}
+
+    @property
+    def n(self) -> int:
+        return self.diffs["jct"].n
+
+    def add(self, diffs: dict[str, float]) -> None:
+        for m in PAIRED_METRICS:
+            self.diffs[m].add(float(diffs[m]))
+
+    def verdict(self) -> Verdict:
+        """Promote, retire or continue, by `decide`'s rule over the paired metrics."""
+        rule = self.rule
+        a = rule.alpha / len(PAIRED_METRICS)
+        stats = {
+            m: compare_paired(self.diffs[m], rule.tau[m], a, rule.var_floor) for m in PAIRED_METRICS
+        }
+        text = rule.describe()
+        if self.n < rule.min_samples:
+            return Verdict("continue", f"fewer than {rule.min_samples} replays", text, stats)
+        worse = [m for m, s in stats.items() if s.upper < 0]
+        if worse:
+            return Verdict("retire", f"challenger worse on {', '.join(worse)}", text, stats)
+        better = [m for m, s in stats.items() if s.lower > 0 and s.diff >= rule.min_effect[m]]
+        if better:
+            return Verdict("promote", f"challenger better on {', '.join(better)}", text, stats)
+        if all(s.upper < rule.min_effect[m] for m, s in stats.items()):
+            return Verdict("retire", "futile: cannot reach the minimum effect", text, stats)
+        if self.n >= rule.max_samples:
+            return Verdict("retire", f"budget of {rule.max_samples} replays spent", text, stats)
+        return Verdict("continue", "no decision yet", text, stats)

@@ -53,7 +53,7 @@ from dagsched.sim.metrics import Metrics
 from dagsched.sim.reward import jain_with
 from dagsched.sim.runs import Decision, FailureKind, Policy, TaskRun, TaskState, WorkflowRun
 from dagsched.sim.shift import shifted_start
-from dagsched.sim.truth import HiddenTruth
+from dagsched.sim.truth import HiddenTruth, TruthModel
 from dagsched.sim.usage import UsageMeter
 
 # Module-level aliases: a global lookup is several times cheaper than an enum class attribute.
@@ -85,7 +85,12 @@ class Simulator:
         seed: int = 0,
         on_outcome: OutcomeHook | None = None,
         keep_log: bool = False,
+        truth: TruthModel | None = None,
+        history: History | None = None,
     ) -> None:
+        """`truth` replaces the hidden truth drawn from the scenario's `TruthConfig` (a replay
+        plays on what history learned, `sim.learned_truth`); `history` is what was measured
+        before the run (empty by default), which policies read from the first decision."""
         streams = np.random.SeedSequence(seed).spawn(4)
         cluster_rng, fault_rng, task_rng, self._truth_rng = (
             np.random.default_rng(s) for s in streams
@@ -102,8 +107,10 @@ class Simulator:
         self.usage = UsageMeter(self.cluster)  # telemetry and the utilisation metrics
         self.node_use = self.usage.node_use  # measured cores and GB in use per node
         self.weights = scenario.reward
-        self.truth = HiddenTruth(scenario.truth, seed)  # only the engine reads it
-        self.history = History()  # what has been measured: policies may read it
+        # only the engine reads the truth
+        self.truth: TruthModel = truth if truth is not None else HiddenTruth(scenario.truth, seed)
+        # what has been measured: policies may read it
+        self.history = history if history is not None else History()
         self.ledger = AttemptLedger(
             self.cluster,
             self.metrics,

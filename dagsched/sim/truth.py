@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from typing import Protocol
 
 import numpy as np
 
@@ -24,6 +25,14 @@ from dagsched.sim.config import TruthConfig
 # Clip ratios to a sane range: a task never uses more than 4x or less than 2% of its request.
 RATIO_BOUNDS = (0.02, 4.0)
 RUNTIME_BOUNDS = (0.05, 20.0)
+
+
+class TruthModel(Protocol):
+    """What the engine asks of a world's truth: every task's real ratios on arrival."""
+
+    def draw(self, wf: Workflow, rng: np.random.Generator, mem_spread: float = 1.0) -> np.ndarray:
+        """[n, 3] ratios (CPU use, memory peak, runtime) for the tasks of `wf`."""
+        ...
 
 
 class HiddenTruth:

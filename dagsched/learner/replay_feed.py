@@ -1,0 +1,146 @@
+"""Where the replay judge's recorded traffic comes from: the wire, or a simulator run.
+
+`MessageFeed` reads the decoded messages the evaluator consumes (`dagsched.tasks`: workflows;
+`dagsched.events`: heartbeats, attempt starts and ends, node failures) into a
+`TrafficRecorder`; finished workflows come from the evaluator's per-workflow samples.
+`SimFeed` does the same for a simulator run (the in-process loop, `models compare` without
+live traffic): arrivals as the generator hands them over, attempt ends from the outcome hook,
+nodes and fault counts from what the simulator's node agents would report. Neither reads the
+hidden truth: both give the judge what the events carry.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from dagsched.core.history import FamilyStats
+from dagsched.core.wire import to_workflow
+from dagsched.core.workflow import Workflow
+from dagsched.learner.replay_judge import ObservedWindow, TrafficRecorder
+from dagsched.schemas.messages import (
+    NodeDownMsg,
+    NodeHeartbeatMsg,
+    TaskFailedMsg,
+    TaskFinishedMsg,
+    TaskStartedMsg,
+    WorkflowMsg,
+)
+from dagsched.sim.replay_world import NodeSpec
+from dagsched.sim.reward import TaskOutcome
+from dagsched.sim.runs import Policy, TaskRun
+
+if TYPE_CHECKING:
+    from dagsched.sim.engine import Simulator
+
+
+class MessageFeed:
+    """Decoded wire messages -> a `TrafficRecorder`."""
+
+    def __init__(self, recorder: TrafficRecorder, max_dag_tasks: int = 5000) -> None:
+        self.recorder = recorder
+        self.max_dag_tasks = max_dag_tasks
+        self._started: dict[tuple[str, int, int], float] = {}
+        self._oom: set[tuple[str, int]] = set()  # tasks whose last attempt was OOM-killed
+
+    def add(self, msg: Any) -> None:
+        """Take one message (anything else is ignored)."""
+        r = self.recorder
+        if isinstance(msg, WorkflowMsg):
+            r.workflow(to_workflow(msg, self.max_dag_tasks))
+        elif isinstance(msg, NodeHeartbeatMsg):
+            r.node(msg.node, NodeSpec(msg.kind, msg.zone, msg.cores, msg.mem_gb,
+                                      msg.gpu_mem_gb, msg.net_gbps))  # fmt: skip
+        elif isinstance(msg, NodeDownMsg):
+            r.node_down(msg.at)
+        elif isinstance(msg, TaskStartedMsg):
+            self._started[(msg.workflow_id, msg.task, msg.attempt)] = msg.at
+        elif isinstance(msg, TaskFinishedMsg | TaskFailedMsg):
+            task = (msg.workflow_id, msg.task)
+            began = self._started.pop((*task, msg.attempt), None)
+            reason = msg.reason if isinstance(msg, TaskFailedMsg) else ""
+            failed = isinstance(msg, TaskFailedMsg)
+            overhead = None
+            if not failed and began is not None and (msg.runtime_s > 0 or msg.transfer_s > 0):
+                overhead = (msg.at - began) - msg.runtime_s - msg.transfer_s
+            r.attempt_ended(msg.at, failed, reason, overhead, after_oom=task in self._oom)
+            if reason == "oom":
+                self._oom.add(task)
+            else:
+                self._oom.discard(task)
+
+
+class SimFeed:
+    """A simulator run -> a `TrafficRecorder`: wrap the arrivals with `workflows`, chain
+    `outcome` into the simulator's outcome hook, and `sync` before taking windows."""
+
+    def __init__(self, recorder: TrafficRecorder) -> None:
+        self.recorder = recorder
+        self.sim: Simulator | None = None
+
+    def workflows(self, wfs: Iterable[Workflow]) -> Iterator[Workflow]:
+        """The arrivals, recorded as the simulator takes them."""
+        for wf in wfs:
+            self.recorder.workflow(wf)
+            if self.recorder.pending_snapshots and self.sim is not None:
+                self.recorder.snapshot(self.sim.history.families)
+            yield wf
+
+    def attach(self, sim: Simulator) -> None:
+        """The run whose nodes and fault counts are read."""
+        self.sim = sim
+        for info in sim.cluster.nodes:
+            self.recorder.node(str(info.id), NodeSpec(info.kind, info.zone, info.cores,
+                                                      info.mem_gb, info.gpu_mem_gb,
+                                                      info.net_gbps))  # fmt: skip
+
+    def outcome(self, t: TaskRun, o: TaskOutcome, now: float) -> None:
+        """One attempt ended at `now` (what its end event would carry)."""
+        overhead = None if o.failed else (now - t.start_s) - o.transfer_s - o.compute_s
+        self.recorder.attempt_ended(now, o.failed, "", overhead, after_oom=t.after_oom)
+
+    def workflow_ended(self, wf: Workflow, now: float, failed: bool) -> None:
+        """A workflow finished, or ran out of retries, at `now`."""
+        met = not failed and now <= wf.arrival_s + wf.deadline_s + 1e-9
+        self.recorder.ended(wf.id, now - wf.arrival_s, met)
+
+    def sync(self) -> None:
+        """Fault counts as the events would have told them: task failures other than OOM
+        kills are transient (node crashes are replayed on their own)."""
+        assert self.sim is not None
+        m, r = self.sim.metrics, self.recorder
+        r.attempts = max(r.attempts, m.decisions)
+        r.transient = max(0, m.task_failures - m.oom_kills - m.node_failures)
+        r.node_downs = m.node_failures
+
+    def families(self) -> dict[str, FamilyStats]:
+        """The simulator's per-family history now (a copy: the run goes on)."""
+        assert self.sim is not None
+        return copy.deepcopy(self.sim.history.families)
+
+    def ready(self) -> list[ObservedWindow]:
+        """Windows closed so far."""
+        self.sync()
+        return self.recorder.ready(self.families())
+
+
+def record_run(
+    sim_factory: Any, policy: Policy, recorder: TrafficRecorder, workflows: Iterable[Workflow]
+) -> list[ObservedWindow]:
+    """Play `workflows` under `policy` in `sim_factory(arrivals, hook)` to the end; every
+    window the recorder closed (the last windows close when the run ends)."""
+    feed = SimFeed(recorder)
+
+    def hook(t: TaskRun, o: TaskOutcome, _reward: float) -> None:
+        assert feed.sim is not None
+        now = feed.sim.now
+        feed.outcome(t, o, now)
+        failed = o.failed and t.failures + 1 > t.max_retries
+        if failed or (not o.failed and t.run.remaining == 1):
+            feed.workflow_ended(t.run.wf, now, failed)
+
+    sim = sim_factory(feed.workflows(workflows), hook)
+    feed.attach(sim)
+    sim.run(policy)
+    return feed.ready()

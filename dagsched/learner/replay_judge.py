@@ -1,0 +1,426 @@
+"""The replay judge: what a version would change for the whole cluster, from recorded traffic.
+
+A per-workflow A/B on one shared cluster cannot see a change whose gain is congestion it
+relieves: both arms sit in the congestion the champion makes. The replay judge plays the
+recent traffic again, once per version, in a calibrated replay (`sim.replay_world`): the
+same arrivals and cluster, the tasks' use and runtime drawn from the learned per-family
+history, the fault rates and the OOM restart time that the events revealed.
+
+- `TrafficRecorder` turns what the evaluator consumes (workflows, heartbeats, attempt ends,
+  finished workflows) into `ObservedWindow`s: consecutive, non-overlapping runs of
+  `window_workflows` arrivals, each closed once all its workflows have ended (or once two
+  later windows have filled), with the `warmup_workflows` arrivals before it replayed first
+  to load the cluster (not counted).
+- `ReplayJudge.judge` replays a window K times per version with common random numbers
+  (replay k of both versions uses one seed: the same task ratios and node crashes), checks
+  fidelity (the serving version's replays against what that window really did: the
+  relative error of mean JCT; above `fidelity_max_jct_err` the verdict is `unreliable` and
+  nothing is added), then feeds the K per-replay differences to the paired mSPRT
+  (`sequential.PairedTest`). Windows do not overlap, so no replay is counted twice.
+"""
+
+from __future__ import annotations
+
+import copy
+import zlib
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from dagsched.core.history import FamilyStats
+from dagsched.core.workflow import Workflow
+from dagsched.learner.sequential import PAIRED_METRICS, PairedRule, PairedTest, Verdict
+from dagsched.service_config import ReplaySettings
+from dagsched.sim.config import ScenarioConfig
+from dagsched.sim.replay_world import NodeSpec, PolicyFactory, ReplayResult, ReplayWorld, play
+
+UNRELIABLE = "unreliable"
+
+
+@dataclass(frozen=True)
+class ReplayJudgeConfig:
+    """How windows are cut and replayed, and the paired test's rule."""
+
+    window_workflows: int = 100
+    warmup_workflows: int = 200
+    replays: int = 8  # K: replays per version per window
+    fidelity_max_jct_err: float = 0.15
+    # fidelity is measured over the last this many judged windows together: one window's
+    # mean JCT is too noisy a target (one realisation of a heavy-tailed world)
+    fidelity_windows: int = 4
+    rule: PairedRule = field(default_factory=PairedRule)
+    seed: int = 0
+
+
+@dataclass
+class ObservedWindow:
+    """One window of recorded traffic and what it really did."""
+
+    index: int
+    workflows: list[Workflow]  # the counted ones, by arrival
+    warmup: list[Workflow]
+    jct_s: dict[str, float]  # observed, per workflow that ended
+    met: dict[str, bool]
+    nodes: list[NodeSpec]
+    families: dict[str, FamilyStats]  # the history when the window closed: the learned truth
+    history: dict[str, FamilyStats]  # the history when its first replayed workflow arrived
+    transient_failure: float = 0.0
+    node_failure_per_hour: float = 0.0
+    oom_restart_s: float = 0.0
+
+    @property
+    def mean_jct_s(self) -> float:
+        return float(np.mean(list(self.jct_s.values()))) if self.jct_s else 0.0
+
+    @property
+    def sla(self) -> float:
+        return float(np.mean(list(self.met.values()))) if self.met else 0.0
+
+    def world(self, base: ScenarioConfig) -> ReplayWorld:
+        """The calibrated replay of this window."""
+        return ReplayWorld.build(
+            [*self.warmup, *self.workflows],
+            [w.id for w in self.workflows],
+            base,
+            nodes=self.nodes,
+            families=self.families,
+            history=self.history,
+            transient_failure=self.transient_failure,
+            node_failure_per_hour=self.node_failure_per_hour,
+            oom_restart_s=self.oom_restart_s,
+        )
+
+
+@dataclass
+class _Open:
+    index: int
+    ids: list[str]
+    warmup: list[Workflow]
+
+
+class TrafficRecorder:
+    """Recorded traffic -> `ObservedWindow`s (see the module docstring). Feed it arrivals,
+    node heartbeats, attempt ends and finished workflows; take closed windows from `ready`."""
+
+    def __init__(self, window_workflows: int, warmup_workflows: int) -> None:
+        if window_workflows < 1:
+            raise ValueError("window_workflows must be >= 1")
+        self.window = window_workflows
+        self.warmup = warmup_workflows
+        self.arrived: dict[str, Workflow] = {}
+        self.order: list[str] = []  # arrivals not yet in a window, plus the warm-up tail
+        self.jct_s: dict[str, float] = {}
+        self.met: dict[str, bool] = {}
+        self.nodes: dict[str, NodeSpec] = {}
+        self.open: list[_Open] = []
+        self._tail: list[Workflow] = []  # the last `warmup` arrivals before the next window
+        self._next = 0
+        self._count = 0  # arrivals so far
+        # what the events revealed, since the start
+        self.attempts = 0
+        self.transient = 0
+        self.node_downs = 0
+        self.first_s: float | None = None
+        self.last_s = 0.0
+        self._overhead = {False: [0.0, 0], True: [0.0, 0]}  # after an OOM kill or not
+        # the history each window's replay starts from: taken (`snapshot`) when the first
+        # workflow it replays arrives, as the policies then saw it
+        self.pending_snapshots: list[int] = []
+        self._history: dict[int, dict[str, FamilyStats]] = {}
+
+    # -- feeding ------------------------------------------------------------------------------
+
+    def workflow(self, wf: Workflow) -> None:
+        """A workflow arrived (its first sighting counts; redeliveries are ignored)."""
+        if wf.id in self.arrived:
+            return
+        self.arrived[wf.id] = wf
+        self._clock(wf.arrival_s)
+        self.order.append(wf.id)
+        # window k replays from arrival max(0, k x window - warmup) on: that arrival's history
+        i, w = self._count, self.window
+        self._count += 1
+        if i == 0:
+            self.pending_snapshots += list(range(self.warmup // w + 1))
+        elif (i + self.warmup) % w == 0:
+            self.pending_snapshots.append((i + self.warmup) // w)
+        if len(self.order) >= self.window:
+            ids, self.order = self.order[: self.window], self.order[self.window :]
+            self.open.append(_Open(self._next, ids, list(self._tail)))
+            self._next += 1
+            tail = [*self._tail, *(self.arrived[i] for i in ids)]
+            self._tail = tail[-self.warmup :] if self.warmup else []
+
+    def snapshot(self, families: Mapping[str, FamilyStats]) -> None:
+        """The per-family history now, for the windows waiting for one (a copy is kept)."""
+        if self.pending_snapshots:
+            copied = copy.deepcopy(dict(families))
+            for k in self.pending_snapshots:
+                self._history[k] = copied
+            self.pending_snapshots = []
+
+    def node(self, node_id: str, spec: NodeSpec) -> None:
+        """A node's heartbeat."""
+        self.nodes[node_id] = spec
+
+    def node_down(self, at_s: float) -> None:
+        self._clock(at_s)
+        self.node_downs += 1
+
+    def attempt_ended(
+        self, at_s: float, failed: bool, reason: str = "", overhead_s: float | None = None,
+        after_oom: bool = False,
+    ) -> None:  # fmt: skip
+        """An attempt ended. `overhead_s`: for a finished one, its time on the node beyond
+        its measured compute and transfer (the restart after an OOM kill shows here)."""
+        self._clock(at_s)
+        self.attempts += 1
+        self.transient += failed and reason == "transient"
+        if overhead_s is not None and not failed:
+            acc = self._overhead[after_oom]
+            acc[0] += max(0.0, overhead_s)
+            acc[1] += 1
+
+    def ended(self, workflow_id: str, jct_s: float, met: bool) -> None:
+        """A workflow finished (or failed) after `jct_s` seconds."""
+        self.jct_s[workflow_id] = jct_s
+        self.met[workflow_id] = met
+
+    def _clock(self, at_s: float) -> None:
+        if self.first_s is None:
+            self.first_s = at_s
+        self.last_s = max(self.last_s, at_s)
+
+    # -- estimates ----------------------------------------------------------------------------
+
+    @property
+    def transient_failure(self) -> float:
+        return self.transient / self.attempts if self.attempts else 0.0
+
+    @property
+    def node_failure_per_hour(self) -> float:
+        hours = (self.last_s - (self.first_s or 0.0)) / 3600.0
+        n = len(self.nodes)
+        return self.node_downs / (n * hours) if n and hours > 0 else 0.0
+
+    @property
+    def oom_restart_s(self) -> float:
+        """Mean extra time on the node of attempts that follow an OOM kill."""
+        (s0, n0), (s1, n1) = self._overhead[False], self._overhead[True]
+        if not n1:
+            return 0.0
+        return max(0.0, s1 / n1 - (s0 / n0 if n0 else 0.0))
+
+    # -- windows ------------------------------------------------------------------------------
+
+    def ready(self, families: Mapping[str, FamilyStats]) -> list[ObservedWindow]:
+        """Windows that closed since the last call: every workflow of the window ended, or
+        two later windows filled (its stragglers are then left out of what it observed).
+        `families` is the per-family history now (read from Redis or the simulator)."""
+        out = []
+        while self.open:
+            w = self.open[0]
+            done = all(i in self.jct_s for i in w.ids)
+            if not done and len(self.open) < 3:
+                break
+            self.open.pop(0)
+            out.append(self._close(w, families))
+        return out
+
+    def _close(self, w: _Open, families: Mapping[str, FamilyStats]) -> ObservedWindow:
+        obs = ObservedWindow(
+            index=w.index,
+            workflows=[self.arrived[i] for i in w.ids],
+            warmup=w.warmup,
+            jct_s={i: self.jct_s[i] for i in w.ids if i in self.jct_s},
+            met={i: self.met[i] for i in w.ids if i in self.met},
+            nodes=list(self.nodes.values()),
+            families=dict(families),
+            history=self._history.pop(w.index, dict(families)),
+            transient_failure=self.transient_failure,
+            node_failure_per_hour=self.node_failure_per_hour,
+            oom_restart_s=self.oom_restart_s,
+        )
+        needed = {x.id for x in self._tail} | set(self.order)
+        for o in self.open:
+            needed |= set(o.ids) | {x.id for x in o.warmup}
+        for i in [*w.ids, *(x.id for x in w.warmup)]:
+            if i not in needed:
+                self.arrived.pop(i, None)
+        for i in w.ids:
+            self.jct_s.pop(i, None)
+            self.met.pop(i, None)
+        return obs
+
+
+@dataclass
+class Fidelity:
+    """How well the serving version's replays predict what its window really did."""
+
+    observed_jct_s: float
+    predicted_jct_s: float
+    jct_err: float  # |predicted - observed| / observed
+    observed_sla: float
+    predicted_sla: float
+    sla_err: float  # absolute, in SLA points
+
+
+@dataclass
+class WindowReport:
+    """One judged window: fidelity, the per-replay differences, the verdict after it."""
+
+    window: int
+    workflows: int
+    fidelity: Fidelity
+    decision: str  # promote | retire | continue | unreliable
+    reason: str
+    diffs: list[dict[str, float]] = field(default_factory=list)
+    champion: list[dict[str, float]] = field(default_factory=list)
+    challenger: list[dict[str, float]] = field(default_factory=list)
+    verdict: Verdict | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["verdict"] = self.verdict.to_dict() if self.verdict is not None else None
+        return out
+
+
+def _summary(r: ReplayResult) -> dict[str, float]:
+    return {"mean_jct_s": r.mean_jct_s, "sla": r.sla, "reward": r.reward}
+
+
+def config_from(cfg: ReplaySettings) -> ReplayJudgeConfig:
+    """The judge's configuration from `evaluator.replay` settings."""
+    rule = PairedRule(
+        alpha=cfg.alpha,
+        min_samples=cfg.min_replays,
+        max_samples=cfg.max_replays,
+        tau={"jct": cfg.tau_jct, "sla": cfg.tau_sla, "reward": cfg.tau_reward},
+        min_effect={
+            "jct": cfg.min_effect_jct,
+            "sla": cfg.min_effect_sla,
+            "reward": cfg.min_effect_reward,
+        },
+    )
+    return ReplayJudgeConfig(
+        window_workflows=cfg.window_workflows,
+        warmup_workflows=cfg.warmup_workflows,
+        replays=cfg.replays,
+        fidelity_max_jct_err=cfg.fidelity_max_jct_err,
+        fidelity_windows=cfg.fidelity_windows,
+        rule=rule,
+        seed=cfg.seed,
+    )
+
+
+def paired_diffs(champion: ReplayResult, challenger: ReplayResult) -> dict[str, float]:
+    """One replay's differences, challenger minus champion, higher better (`PairedRule`)."""
+    jb = champion.mean_jct_s
+    return {
+        "jct": (jb - challenger.mean_jct_s) / jb if jb > 0 else 0.0,
+        "sla": challenger.sla - champion.sla,
+        "reward": challenger.reward - champion.reward,
+    }
+
+
+def fidelity_of(
+    observed: list[tuple[ObservedWindow, list[ReplayResult]]],
+) -> Fidelity:
+    """The serving version's replays against what its windows really did (mean JCT and SLA
+    over the workflows observed to end, every window's together)."""
+    o_j, o_m, p_j, p_m = [], [], [], []
+    for obs, replays in observed:
+        for i, jct in obs.jct_s.items():
+            got = [r.jct_s[i] for r in replays if i in r.jct_s]
+            if got:
+                o_j.append(jct)
+                o_m.append(obs.met[i])
+                p_j.append(float(np.mean(got)))
+                p_m.append(float(np.mean([r.met[i] for r in replays if i in r.met])))
+    if not o_j:
+        return Fidelity(0.0, 0.0, float("inf"), 0.0, 0.0, 1.0)
+    o_jct, o_sla = float(np.mean(o_j)), float(np.mean(o_m))
+    pred_jct, pred_sla = float(np.mean(p_j)), float(np.mean(p_m))
+    return Fidelity(
+        o_jct,
+        pred_jct,
+        abs(pred_jct - o_jct) / o_jct if o_jct > 0 else float("inf"),
+        o_sla,
+        pred_sla,
+        abs(pred_sla - o_sla),
+    )
+
+
+def replay_seed(seed: int, window: int, k: int) -> int:
+    """Replay k of a window: one seed for both versions (the common random numbers)."""
+    return zlib.crc32(f"{seed}:{window}:{k}".encode())
+
+
+class ReplayJudge:
+    """Paired replays of recorded windows -> the paired sequential test (see the module
+    docstring). One test per (champion, challenger) pair: `reset` starts a new one."""
+
+    def __init__(self, cfg: ReplayJudgeConfig, base: ScenarioConfig) -> None:
+        self.cfg = cfg
+        self.base = base
+        self.test = PairedTest(cfg.rule)
+        self.reports: list[WindowReport] = []
+        self._served: list[tuple[ObservedWindow, list[ReplayResult]]] = []  # fidelity's
+
+    def reset(self) -> None:
+        """A new pair of versions: the test starts over."""
+        self.test = PairedTest(self.cfg.rule)
+
+    def replay(self, world: ReplayWorld, policy: PolicyFactory, window: int) -> list[ReplayResult]:
+        """K replays of one version over `world`."""
+        out = []
+        for k in range(self.cfg.replays):
+            s = replay_seed(self.cfg.seed, window, k)
+            out.append(play(world, policy(s), s))
+        return out
+
+    def judge(
+        self, obs: ObservedWindow, champion: PolicyFactory, challenger: PolicyFactory
+    ) -> WindowReport:
+        """Replay `obs` for both versions (the champion is the one that served it: its
+        replays measure fidelity too) and update the test."""
+        world = obs.world(self.base)
+        base = self.replay(world, champion, obs.index)
+        self._served = [*self._served, (obs, base)][-self.cfg.fidelity_windows :]
+        fid = fidelity_of(self._served)
+        report = WindowReport(obs.index, len(obs.workflows), fid, UNRELIABLE, "",
+                              champion=[_summary(r) for r in base])  # fmt: skip
+        if fid.jct_err > self.cfg.fidelity_max_jct_err:
+            report.reason = (
+                f"replay fidelity: mean JCT off by {fid.jct_err:.1%} "
+                f"(limit {self.cfg.fidelity_max_jct_err:.0%})"
+            )
+            self.reports.append(report)
+            return report
+        other = self.replay(world, challenger, obs.index)
+        report.challenger = [_summary(r) for r in other]
+        for a, b in zip(base, other, strict=True):
+            d = paired_diffs(a, b)
+            report.diffs.append(d)
+            self.test.add(d)
+        v = self.test.verdict()
+        report.decision, report.reason, report.verdict = v.decision, v.reason, v
+        self.reports.append(report)
+        return report
+
+
+def statistics(report: WindowReport) -> dict[str, Any]:
+    """What an audit record keeps of a verdict: the test's statistics and the fidelity."""
+    v = report.verdict
+    return {
+        "judge": "replay",
+        "decision": report.decision,
+        "reason": report.reason,
+        "rule": v.rule if v is not None else "",
+        "stats": v.to_dict()["stats"] if v is not None else {},
+        "fidelity": asdict(report.fidelity),
+        "window": report.window,
+        "metrics": list(PAIRED_METRICS),
+    }

@@ -1,0 +1,172 @@
+"""A calibrated replay of a window of recorded traffic: the world as the daemon saw it.
+
+`ReplayWorld` holds only what serving can know: the workflows that arrived (with their
+arrival times), the cluster from the nodes' heartbeats, the per-family history of measured
+outcomes, and what execution events revealed (the transient-failure and node-crash rates,
+and the time a retry loses after an OOM kill). `play` runs one policy over it in the
+simulator with the world's tasks drawn from the learned history (`sim.learned_truth`), never
+from the hidden truth, and returns per-workflow outcomes of the workflows the window counts
+(the warm-up workflows before them only load the cluster).
+
+Two policies played with the same seed meet the same arrivals, the same per-task ratios and
+the same node crashes (the engine's streams are per concern): common random numbers.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from dagsched.core.history import FamilyStats, History
+from dagsched.core.workflow import Workflow
+from dagsched.sim.config import ClusterConfig, NodeGroup, ScenarioConfig, ShiftConfig
+from dagsched.sim.engine import Simulator
+from dagsched.sim.learned_truth import LearnedTruth
+from dagsched.sim.reward import TaskOutcome
+from dagsched.sim.runs import Policy, TaskRun
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """One node as its heartbeat describes it."""
+
+    kind: str
+    zone: int
+    cores: float
+    mem_gb: float
+    gpu_mem_gb: float = 0.0
+    net_gbps: float = 25.0
+
+
+def cluster_from_nodes(nodes: Sequence[NodeSpec], base: ClusterConfig) -> ClusterConfig:
+    """The cluster of `nodes` (identical shapes grouped), with `base`'s speed table and
+    network ranges; `base` itself when no node is known."""
+    if not nodes:
+        return base
+    counts: dict[tuple[str, float, float, float, float], int] = {}
+    for n in nodes:
+        key = (n.kind, n.cores, n.mem_gb, n.gpu_mem_gb, n.net_gbps)
+        counts[key] = counts.get(key, 0) + 1
+    groups = tuple(
+        NodeGroup(kind, count, cores=cores, mem_gb=mem, gpu_mem_gb=gpu, net_gbps=net)
+        for (kind, cores, mem, gpu, net), count in sorted(counts.items())
+    )
+    zones = max(1, len({n.zone for n in nodes}))
+    return replace(base, groups=groups, zones=zones)
+
+
+@dataclass(frozen=True)
+class ReplayWorld:
+    """Everything one window's replay plays on (see the module docstring)."""
+
+    workflows: tuple[Workflow, ...]  # warm-up first, then the window, by arrival
+    counted: frozenset[str]  # the window's workflow ids: what a replay reports on
+    scenario: ScenarioConfig  # cluster, faults and the OOM restart, as observed
+    families: Mapping[str, FamilyStats] = field(default_factory=dict)  # the learned truth
+    history: Mapping[str, FamilyStats] = field(default_factory=dict)  # what policies start with
+
+    def __post_init__(self) -> None:
+        if not self.counted:
+            raise ValueError("a replay window needs at least one workflow")
+
+    @staticmethod
+    def build(
+        workflows: Sequence[Workflow],
+        counted: Sequence[str],
+        base: ScenarioConfig,
+        *,
+        nodes: Sequence[NodeSpec] = (),
+        families: Mapping[str, FamilyStats] | None = None,
+        history: Mapping[str, FamilyStats] | None = None,
+        transient_failure: float = 0.0,
+        node_failure_per_hour: float = 0.0,
+        oom_restart_s: float = 0.0,
+    ) -> ReplayWorld:
+        """A world from what was observed; `base` gives what no event carries (speed table,
+        network ranges, reward weights). `families` is what the tasks are drawn from;
+        `history` what the policies know when the replay starts (default: `families`)."""
+        faults = replace(
+            base.faults,
+            transient_task_failure=min(max(transient_failure, 0.0), 0.5),
+            node_failure_per_hour=max(node_failure_per_hour, 0.0),
+        )
+        shift = ShiftConfig(at_s=0.0, oom_restart_s=oom_restart_s) if oom_restart_s > 0 else None
+        sc = replace(
+            base,
+            cluster=cluster_from_nodes(nodes, base.cluster),
+            faults=faults,
+            drift=None,
+            shift=shift,
+        )
+        wfs = tuple(sorted(workflows, key=lambda w: w.arrival_s))
+        fam = dict(families or {})
+        return ReplayWorld(
+            wfs, frozenset(counted), sc, fam, dict(history if history is not None else fam)
+        )
+
+
+@dataclass
+class ReplayResult:
+    """One replay of one policy: per counted workflow JCT and SLA, and the attempts' reward."""
+
+    jct_s: dict[str, float] = field(default_factory=dict)
+    met: dict[str, bool] = field(default_factory=dict)
+    rewards: list[float] = field(default_factory=list)
+
+    @property
+    def mean_jct_s(self) -> float:
+        return float(np.mean(list(self.jct_s.values()))) if self.jct_s else 0.0
+
+    @property
+    def sla(self) -> float:
+        return float(np.mean(list(self.met.values()))) if self.met else 0.0
+
+    @property
+    def reward(self) -> float:
+        return float(np.mean(self.rewards)) if self.rewards else 0.0
+
+
+class _Tracker:
+    """Workflow ends from the engine's outcome hook (as `learner.sim_loop` reads them)."""
+
+    def __init__(self, counted: frozenset[str]) -> None:
+        self.counted = counted
+        self.result = ReplayResult()
+        self.sim: Simulator | None = None  # set once the simulator that calls it exists
+
+    def __call__(self, t: TaskRun, o: TaskOutcome, reward: float) -> None:
+        wf = t.run.wf
+        if wf.id not in self.counted or wf.id in self.result.jct_s:
+            return
+        self.result.rewards.append(reward)
+        failed = o.failed and t.failures + 1 > t.max_retries
+        if not (failed or (not o.failed and t.run.remaining == 1)):
+            return
+        assert self.sim is not None
+        end = self.sim.now
+        self.result.jct_s[wf.id] = end - wf.arrival_s
+        self.result.met[wf.id] = not failed and end <= wf.arrival_s + wf.deadline_s + 1e-9
+
+
+PolicyFactory = Callable[[int], Policy]  # a fresh policy for one replay, from its seed
+
+
+def play(world: ReplayWorld, policy: Policy, seed: int) -> ReplayResult:
+    """One replay of `policy` over `world` with seed `seed` (the common random numbers)."""
+    tracker = _Tracker(world.counted)
+    history = History()
+    history.families = copy.deepcopy(dict(world.history))
+    sim = Simulator(
+        world.scenario,
+        world.workflows,
+        seed=seed,
+        on_outcome=tracker,
+        truth=LearnedTruth(world.families),
+        history=history,
+    )
+    tracker.sim = sim
+    sim.run(policy)
+    return tracker.result

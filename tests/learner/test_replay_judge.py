@@ -1,0 +1,136 @@
+"""The replay judge's pure logic: the paired test, window cutting, the learned truth, and a
+small calibrated replay (common random numbers, fidelity, the unreliable verdict)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dagsched.core.history import FamilyStats, History, Measured
+from dagsched.core.workflow import TaskSpec, Workflow
+from dagsched.learner.replay_feed import record_run
+from dagsched.learner.replay_judge import (
+    UNRELIABLE,
+    ReplayJudge,
+    ReplayJudgeConfig,
+    TrafficRecorder,
+    paired_diffs,
+)
+from dagsched.learner.sequential import PairedRule, PairedTest
+from dagsched.settings import load_settings
+from dagsched.sim.engine import Simulator
+from dagsched.sim.learned_truth import LearnedTruth
+from dagsched.sim.replay_world import ReplayResult
+from dagsched.sim.runner import make_policy, stream_workflows
+
+
+def _wf(i: int, family: str = "f") -> Workflow:
+    return Workflow.build(f"w{i}", [TaskSpec("a", "cpu", 10.0, 1.0, 1.0, family=family)], [],
+                          arrival_s=float(i))  # fmt: skip
+
+
+def test_paired_test_promotes_a_real_gain_and_not_noise() -> None:
+    rng = np.random.default_rng(0)
+    rule = PairedRule(min_samples=8)
+    gain, noise = PairedTest(rule), PairedTest(rule)
+    for _ in range(40):
+        gain.add({"jct": 0.08 + rng.normal(0, 0.03), "sla": 0.03, "reward": 0.0})
+        noise.add({"jct": rng.normal(0, 0.03), "sla": rng.normal(0, 0.02), "reward": 0.0})
+    assert gain.verdict().decision == "promote"
+    assert noise.verdict().decision != "promote"
+
+
+def test_paired_test_waits_for_min_samples_and_identical_never_promotes() -> None:
+    t = PairedTest(PairedRule(min_samples=16))
+    for _ in range(15):
+        t.add({"jct": 0.5, "sla": 0.5, "reward": 0.5})
+    assert t.verdict().decision == "continue"
+    same = PairedTest(PairedRule(min_samples=4, max_samples=50))
+    for _ in range(50):
+        same.add({"jct": 0.0, "sla": 0.0, "reward": 0.0})
+    v = same.verdict()
+    assert v.decision == "retire" and "futile" in v.reason
+
+
+def test_paired_diffs_are_higher_better() -> None:
+    a = ReplayResult({"x": 100.0}, {"x": False}, [0.1])
+    b = ReplayResult({"x": 80.0}, {"x": True}, [0.3])
+    d = paired_diffs(a, b)
+    assert d["jct"] == 0.2 and d["sla"] == 1.0 and abs(d["reward"] - 0.2) < 1e-12
+
+
+def test_recorder_cuts_non_overlapping_windows_with_warmup() -> None:
+    r = TrafficRecorder(window_workflows=3, warmup_workflows=4)
+    for i in range(7):
+        r.workflow(_wf(i))
+        r.snapshot({})
+    assert not r.ready({})  # nothing has ended
+    for i in range(6):
+        r.ended(f"w{i}", 5.0, True)
+    got = r.ready({})
+    assert [w.index for w in got] == [0, 1]
+    assert [x.id for x in got[0].workflows] == ["w0", "w1", "w2"] and not got[0].warmup
+    assert [x.id for x in got[1].warmup] == ["w0", "w1", "w2"]
+    for i in range(7, 15):
+        r.workflow(_wf(i))
+    # window 2 (w6-w8) never ended, but windows 3 and 4 filled after it: closed without them
+    (late,) = r.ready({})
+    assert (
+        late.index == 2
+        and late.jct_s == {}
+        and [x.id for x in late.warmup] == ["w2", "w3", "w4", "w5"]
+    )
+
+
+def test_learned_truth_draws_from_history_with_common_random_numbers() -> None:
+    h = History()
+    for k in range(200):
+        h.finished("f", Measured(0.5, 2.0, 1.5), float(k))
+    truth = LearnedTruth(h.families)
+    wf = Workflow.build("w", [TaskSpec(str(i), "cpu", 10.0, 1.0, 1.0, family="f")
+                              for i in range(50)], [])  # fmt: skip
+    a = truth.draw(wf, np.random.default_rng(3))
+    b = truth.draw(wf, np.random.default_rng(3))
+    assert np.array_equal(a, b)
+    assert np.all(np.abs(a / np.array([0.5, 2.0, 1.5]) - 1) < 0.06)  # within one 5% bucket
+    unknown = Workflow.build("u", [TaskSpec("a", "cpu", 10.0, 1.0, 1.0, family="new")], [])
+    assert abs(truth.draw(unknown, np.random.default_rng(0))[0, 1] / 2.0 - 1) < 0.06  # pooled
+    nothing = LearnedTruth({"g": FamilyStats()})
+    assert np.array_equal(nothing.draw(unknown, np.random.default_rng(0)), np.ones((1, 3)))
+
+
+def _recorded(n: int, warmup: int) -> tuple[list, object]:
+    sc = load_settings(profile="test").sim
+    rec = TrafficRecorder(20, warmup)
+    wins = record_run(
+        lambda wfs, hook: Simulator(sc, wfs, seed=4, on_outcome=hook),
+        make_policy("heft_history", 4), rec, stream_workflows(sc, 4, n),
+    )  # fmt: skip
+    return wins, sc
+
+
+def test_identical_versions_replay_identically_and_a_worse_one_is_retired() -> None:
+    wins, sc = _recorded(60, 10)
+    assert len(wins) == 3
+    cfg = ReplayJudgeConfig(window_workflows=20, warmup_workflows=10, replays=4,
+                            fidelity_max_jct_err=10.0, rule=PairedRule(min_samples=8))  # fmt: skip
+    same = ReplayJudge(cfg, sc)
+    heft = lambda s: make_policy("heft_history", s)  # noqa: E731
+    for w in wins:
+        rep = same.judge(w, heft, heft)
+        assert all(d == {"jct": 0.0, "sla": 0.0, "reward": 0.0} for d in rep.diffs)
+    assert same.reports[-1].decision != "promote"
+    worse = ReplayJudge(cfg, sc)
+    for w in wins:
+        rep = worse.judge(w, heft, lambda s: make_policy("random", s))
+    assert rep.decision == "retire" and rep.verdict is not None
+    assert rep.verdict.stats["jct"].upper < 0
+
+
+def test_poor_fidelity_is_refused() -> None:
+    wins, sc = _recorded(20, 0)
+    cfg = ReplayJudgeConfig(window_workflows=20, warmup_workflows=0, replays=2,
+                            fidelity_max_jct_err=1e-6)  # fmt: skip
+    heft = lambda s: make_policy("heft_history", s)  # noqa: E731
+    rep = ReplayJudge(cfg, sc).judge(wins[0], heft, heft)
+    assert rep.decision == UNRELIABLE and "fidelity" in rep.reason and not rep.diffs
+    assert rep.fidelity.jct_err > 0
