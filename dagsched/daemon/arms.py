@@ -74,6 +74,7 @@ class Models:
         self._refused: dict[str, str] = {}
         self._wake = asyncio.Event()
         self.first_check = asyncio.Event()  # set after the first registry check
+        self.installed = asyncio.Event()  # and what it loaded is swapped in: it serves
         # warm-up seconds of each version serving or waiting to (`/healthz` shows them): a
         # version is warmed before it is parked, so before it serves
         self.warmed: dict[str, float] = {}
@@ -130,9 +131,8 @@ class Models:
         return self._explore[1]
 
     def swap(self) -> bool:
-        """Install versions loaded since the last batch; True when anything changed."""
-        if not self._pending:
-            return False
+        """Install versions loaded since the last batch; True when anything changed. Once the
+        first registry check's result is installed, `installed` is set."""
         pending, self._pending = self._pending, {}
         if "shadow" in pending:
             self.shadow_parent = self._pending_parent
@@ -142,12 +142,15 @@ class Models:
             new = loaded[0] if loaded is not None else None
             log.info("model.swapped", arm=arm, old=old, new=new)
             self.metrics.set_model(arm, new)
-        loaded_now = [*self.serving.values(), *self._pending.values()]
-        keep = {self.fallback.version} | {x[0] for x in loaded_now if x is not None}
-        for version in set(self.warmed) - keep:
-            del self.warmed[version]
-            self.metrics.set_warmup(version, None)
-        return True
+        if pending:
+            loaded_now = [*self.serving.values(), *self._pending.values()]
+            keep = {self.fallback.version} | {x[0] for x in loaded_now if x is not None}
+            for version in set(self.warmed) - keep:
+                del self.warmed[version]
+                self.metrics.set_warmup(version, None)
+        if self.first_check.is_set():
+            self.installed.set()
+        return bool(pending)
 
     async def warm_fallback(self) -> None:
         """Warm the heuristic: it serves whatever no model can."""

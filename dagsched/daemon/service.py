@@ -5,11 +5,14 @@ loop, the batch in flight drains within `daemon.grace_s`, and `close` always run
 for production (SIGTERM / SIGINT set the stop event); tests drive `async_run()` and `stop()`.
 Also here: Kafka start with backoff, the rebalance listener and `/healthz`.
 
-Readiness: `/healthz` says `starting` (503) until the daemon can decide at its warm speed:
-the first registry check is done (or `daemon.grace_s` ran out: the heuristic serves until the
-model loads), every scheduler it serves has placed its warm-up batches (`daemon.warmup`),
-and the consumer has joined its group (its first assignment, which may be empty). The group
-join runs while the model loads and warms, so readiness costs start-up no extra time.
+Readiness: `/healthz` says `starting` (503) until the daemon decides with what it will serve,
+at its warm speed: the first registry check is done and what it loaded is installed (a
+registry that does not answer ends the check: the heuristic serves), every scheduler it
+serves has placed its warm-up batches (`daemon.warmup`), and the consumer has joined its
+group (its first assignment, which may be empty). The group join runs while the model loads
+and warms, so readiness costs start-up no extra time. Once ready it stays so (a reload
+warms the new version before it swaps it in). While a load takes longer than
+`daemon.grace_s`, the heuristic decides what arrives meanwhile, and the daemon is not ready.
 
 What one batch does, and why it is effectively once, is `dagsched.daemon.batch_loop`.
 """
@@ -203,7 +206,11 @@ class Daemon:
         module docstring), then `ok` or `degraded`, and `stopping` once asked to stop."""
         kafka_ok = self.batches.kafka_ok
         degraded = self.store.degraded or not kafka_ok
-        ready = self.warm and self.assigned.is_set()
+        ready = (
+            self.warm
+            and self.assigned.is_set()
+            and (not self.registry or self.models.installed.is_set())
+        )
         if self.stop_event.is_set():
             status = "stopping"
         elif not ready:

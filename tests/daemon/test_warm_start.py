@@ -1,5 +1,6 @@
 """Readiness means ready: `/healthz` says `starting` (503) until the model is loaded and every
-served scheduler is warmed, and a hot-loaded version is warmed before it serves."""
+served scheduler is warmed (the heuristic may decide meanwhile), and a hot-loaded version is
+warmed before it serves."""
 
 from __future__ import annotations
 
@@ -26,9 +27,9 @@ async def healthz(port: int) -> tuple[int, dict[str, Any]]:
 async def test_healthz_is_not_ready_until_the_model_is_loaded_and_warmed(
     settings: Settings, champion: Registry, client: Client, start_daemon
 ):
-    # the model load waits for the test (the registry is real; only its timing is held), and
-    # the start-up grace is long enough that the daemon does not fall back meanwhile
-    s = settings.model_copy(update={"daemon": settings.daemon.model_copy(update={"grace_s": 30})})
+    # the model load waits for the test (the registry is real; only its timing is held) past
+    # the start-up grace, so the heuristic decides meanwhile: serving, but not ready
+    s = settings.model_copy(update={"daemon": settings.daemon.model_copy(update={"grace_s": 0.5})})
     release = threading.Event()
 
     def held_loader(st: Settings, alias: str) -> Any:
@@ -38,6 +39,10 @@ async def test_healthz_is_not_ready_until_the_model_is_loaded_and_warmed(
     await client.heartbeats(2)
     try:
         d = await start_daemon(s, registry=True, loader=held_loader)  # returns once assigned
+        await client.workflow("wf-0")
+        await client.ready("wf-0", 0)
+        (early,) = await client.wait("decisions", 1)
+        assert early.arm == "fallback"
         status, doc = await healthz(d.port)
         assert (status, doc["status"], doc["ready"]) == (503, "starting", False)
         assert doc["models"]["champion"] is None and "v1" not in doc["warmup_s"]
@@ -54,11 +59,10 @@ async def test_healthz_is_not_ready_until_the_model_is_loaded_and_warmed(
     assert doc["warmup_s"]["v1"] > 0 and doc["warmup_s"][doc["fallback"]] > 0
     m = await d.metrics()
     assert m.value("dagsched_warmup_seconds", version="v1") > 0
-    # ready means serving the model: the first task is decided by it
-    await client.workflow("wf-0")
-    await client.ready("wf-0", 0)
-    (first,) = await client.wait("decisions", 1)
-    assert (first.arm, first.model_version) == ("champion", "v1")
+    # ready means serving the model: the next task is decided by it
+    await client.ready("wf-0", 1)
+    second = (await client.wait("decisions", 2))[1]
+    assert (second.arm, second.model_version) == ("champion", "v1")
 
 
 async def test_a_hot_loaded_version_is_warmed_before_it_serves(
