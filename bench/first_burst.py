@@ -8,9 +8,11 @@ way a user starts it (`python -m dagsched.cli.main daemon`, code defaults and
 configs/default.yaml, JSON logs on stderr).
 
 Sequence:
-1. start the daemon; wait until `/healthz` answers 200, it serves `v1` and its consumer holds
-   every partition of `dagsched.tasks` (the group join, ~5 s on this broker, is not decision
-   time: it ends before the first burst is published);
+1. start the daemon; publish the first burst as soon as `/healthz` answers 200, as a deploy's
+   traffic would: whatever the daemon has not done by then (loading the model, warming,
+   joining its consumer group) is in the first burst's time. The group join (~2-6 s on this
+   broker) is not decision time: where the daemon's first assignment (its log) comes after
+   the burst was published, the rate is also given from that moment ("/s after join");
 2. burst "start, first": `--tasks` ready tasks (every task of the default scenario's
    workflows, about 25 each, so 5,000 tasks are ~200 workflows; shuffled across workflows),
    their workflow messages first, published back to back with confluent-kafka; timed from the
@@ -21,9 +23,11 @@ Sequence:
    wait until `/healthz` names `v2` as the champion; bursts "reload, first" and "reload, warm"
    as 2 and 3.
 
-Each burst's decisions must all name the expected version on the champion arm (the challenger
-share is 0 here: no challenger is registered). Ratio = warm rate / first rate; the target is at
-most 1.5.
+Each burst's decisions are counted by arm and version ("served by": the champion's expected
+version, or the heuristic where the model did not serve). Ratio = warm rate / first rate; the
+target is at most 1.5. On a machine shared with other jobs decisions/s moves with their load,
+so the daemon's CPU seconds per burst (its process, all threads) are given too, and their
+ratio first / warm.
 
     PYTHONPATH=. .venv/bin/python bench/first_burst.py [--quick] [--json] [--tasks 5000]
 
@@ -48,6 +52,7 @@ from harness.in_process import prepare
 from harness.kafka_io import Reader, producer, publish, workload
 from harness.replicas import Replica, start_replica, stop_replica, wait_until
 from harness.stack import REPO, git_state, local_stack
+from harness.throughput_report import cpu_seconds
 from rich.console import Console
 from rich.table import Table
 
@@ -144,6 +149,7 @@ class Bursts:
         wfs = [(rename[w], _renamed(v, w, rename[w])) for w, v in self.wfs]
         items = [(rename[w], _renamed(v, w, rename[w])) for _, w, v in self.ready]
         keys = [(rename[k[0]], k[1], k[2]) for k, _, _ in self.ready]
+        cpu0 = cpu_seconds(r.proc.pid)
         t0 = time.time()
         await asyncio.to_thread(publish, self.p, self.s.topic("tasks"), wfs + items)
         published = time.time() - t0
@@ -151,6 +157,7 @@ class Bursts:
         await wait_until(
             lambda: all(k in arrived for k in keys), self.args.timeout, f"burst {tag}", [r]
         )
+        cpu1 = cpu_seconds(r.proc.pid)
         times = [arrived[k][0] - t0 for k in keys]
         # the consumer's first assignment, when it came after the burst was published: the
         # group join is not decision time, so the rate is also given from that moment
@@ -170,6 +177,9 @@ class Bursts:
             "per_s": len(keys) / max(times),
             "join_in_burst_s": joined,
             "per_s_after_join": len(keys) / (max(times) - joined),
+            # the daemon's CPU time over the burst: steadier than decisions/s where other jobs
+            # share the cores (includes its other threads: a reload's registry work, say)
+            "cpu_s": cpu1 - cpu0 if cpu0 is not None and cpu1 is not None else None,
             "served_by": dict(served),
             "expected": f"champion:{version}",
         }
@@ -185,13 +195,14 @@ class Bursts:
         self.reader.close()
 
 
-def ratios(rows: list[dict[str, Any]]) -> dict[str, float]:
-    """Per phase: warm rate / first rate."""
+def ratios(rows: list[dict[str, Any]], key: str = "per_s") -> dict[str, float]:
+    """Per phase: warm / first of `key` (decisions/s), or first / warm of `cpu_s` (the
+    daemon's CPU seconds for the burst): above 1, the first burst was the slower."""
     out = {}
     for phase in dict.fromkeys(r["phase"] for r in rows):
-        by = {r["burst"]: r["per_s"] for r in rows if r["phase"] == phase}
-        if "first" in by and "warm" in by:
-            out[phase] = by["warm"] / by["first"]
+        by = {r["burst"]: r[key] for r in rows if r["phase"] == phase}
+        if by.get("first") and by.get("warm"):
+            out[phase] = by["warm"] / by["first"] if key == "per_s" else by["first"] / by["warm"]
     return out
 
 
@@ -217,7 +228,9 @@ async def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
             # the burst goes out as soon as the daemon says it is ready, as a deploy's
             # traffic would: whatever it has not done by then is in the first burst's time
             ready_at = await poll_healthz(r, lambda st, _: st == 200, 180, "/healthz 200")
+            assert r.metrics_port is not None
             start = {"healthz_200_s": ready_at - spawned}
+            start["warmup_s"] = (await healthz(r.metrics_port))[1].get("warmup_s", {})
             console.log(f"started: /healthz 200 after {start['healthz_200_s']:.1f} s")
             await bursts.burst("start", "first", f"v{v1}", r)
             start.update(
@@ -241,7 +254,11 @@ async def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
                     120,
                     f"the daemon to serve v{v2}",
                 )
-                reload = {"promote_s": promoted - t_promote, "to_serving_s": serving2 - promoted}
+                reload = {
+                    "promote_s": promoted - t_promote,
+                    "to_serving_s": serving2 - promoted,
+                    "warmup_s": (await healthz(r.metrics_port))[1].get("warmup_s", {}),
+                }
                 console.log(f"reload: v{v2} serves {reload['to_serving_s']:.2f} s after promote")
                 await bursts.burst("reload", "first", f"v{v2}", r)
                 await bursts.burst("reload", "warm", f"v{v2}", r)
@@ -253,6 +270,7 @@ async def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         doc["reload"] = reload
         doc["rows"] = bursts.rows
         doc["ratios"] = ratios(bursts.rows)
+        doc["cpu_ratios"] = ratios(bursts.rows, "cpu_s")
     doc["setup"] = {
         "quick": args.quick,
         "tasks": args.tasks,
@@ -274,8 +292,10 @@ def show(doc: dict[str, Any], console: Console) -> None:
     table.add_column("join in burst", justify="right")
     table.add_column("/s after join", justify="right")
     table.add_column("warm / first", justify="right")
+    table.add_column("daemon CPU", justify="right")
+    table.add_column("CPU first / warm", justify="right")
     table.add_column("served by", justify="left")
-    ratio = doc["ratios"]
+    ratio, cpu = doc["ratios"], doc["cpu_ratios"]
     for r in doc["rows"]:
         table.add_row(
             r["phase"],
@@ -288,7 +308,9 @@ def show(doc: dict[str, Any], console: Console) -> None:
             f"{r['per_s']:,.0f}",
             f"{r['join_in_burst_s']:.2f} s",
             f"{r['per_s_after_join']:,.0f}",
-            f"{ratio[r['phase']]:.2f}" if r["burst"] == "warm" else "",
+            f"{ratio[r['phase']]:.2f}" if r["burst"] == "warm" and r["phase"] in ratio else "",
+            f"{r['cpu_s']:.2f} s" if r["cpu_s"] is not None else "",
+            f"{cpu[r['phase']]:.2f}" if r["burst"] == "warm" and r["phase"] in cpu else "",
             ", ".join(f"{k} {v:,}" for k, v in r["served_by"].items()),
         )
     console.print(table)
@@ -296,11 +318,11 @@ def show(doc: dict[str, Any], console: Console) -> None:
     console.print(
         f"start (after the process was spawned): /healthz 200 at {st['healthz_200_s']:.1f} s, "
         f"first assignment at {st['assigned_s']:.1f} s, champion installed at "
-        f"{st['serving_s']:.1f} s; target warm/first <= {TARGET_RATIO}"
+        f"{st['serving_s']:.1f} s; warm-up {st['warmup_s']}; target warm/first <= {TARGET_RATIO}"
     )
     if doc["reload"]:
         console.print(f"reload: the new version served {doc['reload']['to_serving_s']:.2f} s "
-                      "after the promotion")  # fmt: skip
+                      f"after the promotion; warm-up {doc['reload']['warmup_s']}")  # fmt: skip
 
 
 def main() -> None:
