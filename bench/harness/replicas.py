@@ -38,6 +38,7 @@ class Replica:
     loads: list[tuple[float, str]] = field(default_factory=list)
     notices: list[float] = field(default_factory=list)
     problems: list[dict[str, Any]] = field(default_factory=list)
+    metrics_port: int | None = None  # where `/metrics` and `/healthz` listen (its log says)
     started: asyncio.Event = field(default_factory=asyncio.Event)
     reader: asyncio.Task[None] | None = None
 
@@ -73,7 +74,8 @@ class Replica:
                 self.on_event(ev, t)
 
     def on_event(self, ev: dict[str, Any], t: float) -> None:
-        """Record what a log line says: assignments, swaps, loads, notices, problems."""
+        """Record what a log line says: assignments, swaps, loads, notices, problems, the
+        metrics port."""
         name = ev.get("event")
         if name == "partitions.assigned":
             parts = frozenset(
@@ -93,6 +95,8 @@ class Replica:
             self.notices.append(t)
         elif name == "daemon.started":
             self.started.set()
+        elif name == "metrics.listening":
+            self.metrics_port = int(ev["port"])
         elif ev.get("level") in ("warning", "error", "critical"):
             self.problems.append({"at": t, "event": name, "level": ev.get("level")})
 

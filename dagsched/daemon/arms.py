@@ -3,9 +3,10 @@
 A background task watches the registry aliases: a notice on the Redis channel
 (`registry.serving.model_channel`) triggers a check at once, and a poll every
 `daemon.reload_poll_s` catches notices that were missed. A new version is loaded and verified
-off the event loop (`load_alias` runs its checksum and smoke checks) and parked; the batch loop
-swaps it in between batches (`swap`). A version that fails its checks is refused and the
-current one keeps serving; an unreachable registry keeps the loaded model.
+off the event loop (`load_alias` runs its checksum and smoke checks), warmed on batches of
+serving's shapes (`daemon.warmup`) and parked; the batch loop swaps it in between batches
+(`swap`), so its first batch is decided at its warm speed. A version that fails its checks is
+refused and the current one keeps serving; an unreachable registry keeps the loaded model.
 
 Three aliases are watched: `champion` and `challenger` serve the A/B arms; `shadow` (the
 learner's latest version while a challenger is under test, `learner.keep_learning`) serves
@@ -24,6 +25,7 @@ import structlog
 
 from dagsched.core.scheduler import Scheduler
 from dagsched.daemon.metrics import DaemonMetrics
+from dagsched.daemon.warmup import warm_up
 from dagsched.policy.heuristic import LeastLoadedScheduler
 from dagsched.registry import serving
 from dagsched.registry.errors import RegistryError
@@ -72,6 +74,10 @@ class Models:
         self._refused: dict[str, str] = {}
         self._wake = asyncio.Event()
         self.first_check = asyncio.Event()  # set after the first registry check
+        self.installed = asyncio.Event()  # and what it loaded is swapped in: it serves
+        # warm-up seconds of each version serving or waiting to (`/healthz` shows them): a
+        # version is warmed before it is parked, so before it serves
+        self.warmed: dict[str, float] = {}
         metrics.set_model("fallback", self.fallback.version)
 
     def version(self, arm: str) -> str | None:
@@ -125,9 +131,8 @@ class Models:
         return self._explore[1]
 
     def swap(self) -> bool:
-        """Install versions loaded since the last batch; True when anything changed."""
-        if not self._pending:
-            return False
+        """Install versions loaded since the last batch; True when anything changed. Once the
+        first registry check's result is installed, `installed` is set."""
         pending, self._pending = self._pending, {}
         if "shadow" in pending:
             self.shadow_parent = self._pending_parent
@@ -137,7 +142,34 @@ class Models:
             new = loaded[0] if loaded is not None else None
             log.info("model.swapped", arm=arm, old=old, new=new)
             self.metrics.set_model(arm, new)
-        return True
+        if pending:
+            loaded_now = [*self.serving.values(), *self._pending.values()]
+            keep = {self.fallback.version} | {x[0] for x in loaded_now if x is not None}
+            for version in set(self.warmed) - keep:
+                del self.warmed[version]
+                self.metrics.set_warmup(version, None)
+        if self.first_check.is_set():
+            self.installed.set()
+        return bool(pending)
+
+    async def warm_fallback(self) -> None:
+        """Warm the heuristic: it serves whatever no model can."""
+        await self.warm("fallback", (self.fallback.version, self.fallback))
+
+    async def warm(self, arm: str, loaded: Loaded) -> None:
+        """Run `loaded`'s scheduler through the warm-up batches (`daemon.warmup`) off the
+        event loop; its time goes to `warmed` and `dagsched_warmup_seconds`. A failure is
+        logged, not refused: the bundle's smoke test refuses, and serving falls back on a
+        model's error."""
+        version, sched = loaded
+        try:
+            seconds = await asyncio.to_thread(warm_up, sched, self.settings)
+        except Exception as exc:
+            log.warning("model.warmup_failed", arm=arm, version=version, error=str(exc))
+            return
+        self.warmed[version] = seconds
+        self.metrics.set_warmup(version, seconds)
+        log.info("model.warmed", arm=arm, version=version, seconds=round(seconds, 3))
 
     def notify(self) -> None:
         """Check the registry now (called on a pub/sub notice)."""
@@ -175,6 +207,7 @@ class Models:
                 log.warning("registry.load_failed", arm=arm, version=version, error=str(exc))
                 continue
             if loaded is not None:
+                await self.warm(arm, loaded)  # parked warm: it serves warm from its first batch
                 self._pending[arm] = loaded
                 if arm == "shadow":
                     self._pending_parent = parent

@@ -83,6 +83,12 @@ class DaemonMetrics:
             "batches decided on a view older than the request (daemon.view_wait_ms ran out)",
             registry=r,
         )
+        self.warmup = Gauge(
+            "dagsched_warmup_seconds",
+            "Seconds each version serving (or about to) took to place its warm-up batches",
+            ["version"],
+            registry=r,
+        )
         self.redis_up.set(1)
         self.refresh: Callable[[], None] | None = None  # updates gauges just before a scrape
 
@@ -94,6 +100,14 @@ class DaemonMetrics:
                 self.model_version.remove(*labels)
         if version is not None:
             self.model_version.labels(arm=arm, version=version).set(1)
+
+    def set_warmup(self, version: str, seconds: float | None) -> None:
+        """Show how long `version`'s warm-up took; None: drop it (it serves no more)."""
+        if seconds is None:
+            with contextlib.suppress(KeyError):
+                self.warmup.remove(version)
+        else:
+            self.warmup.labels(version=version).set(seconds)
 
     def render(self) -> bytes:
         if self.refresh is not None:

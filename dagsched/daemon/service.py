@@ -5,6 +5,15 @@ loop, the batch in flight drains within `daemon.grace_s`, and `close` always run
 for production (SIGTERM / SIGINT set the stop event); tests drive `async_run()` and `stop()`.
 Also here: Kafka start with backoff, the rebalance listener and `/healthz`.
 
+Readiness: `/healthz` says `starting` (503) until the daemon decides with what it will serve,
+at its warm speed: the first registry check is done and what it loaded is installed (a
+registry that does not answer ends the check: the heuristic serves), every scheduler it
+serves has placed its warm-up batches (`daemon.warmup`), and the consumer has joined its
+group (its first assignment, which may be empty). The group join runs while the model loads
+and warms, so readiness costs start-up no extra time. Once ready it stays so (a reload
+warms the new version before it swaps it in). While a load takes longer than
+`daemon.grace_s`, the heuristic decides what arrives meanwhile, and the daemon is not ready.
+
 What one batch does, and why it is effectively once, is `dagsched.daemon.batch_loop`.
 """
 
@@ -112,6 +121,7 @@ class Daemon:
         self.consumer_options = consumer_options or {}
         self.stop_event = asyncio.Event()
         self.assigned = asyncio.Event()  # set once partitions are assigned (tests await it)
+        self.warm = False  # every scheduler serving at start has been warmed
         self.server: MetricsServer | None = None
         self.consumer: Any = None
         self.updater: Updater | None = None
@@ -151,6 +161,8 @@ class Daemon:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.models.first_check.wait(), self.cfg.grace_s)
                 self.models.swap()
+            await self.models.warm_fallback()
+            self.warm = True
             if self.run_updater:
                 self.updater = Updater(
                     s, self.rs, producer, self.metrics, consumer_options=self.consumer_options
@@ -190,12 +202,25 @@ class Daemon:
                 backoff = min(backoff * 2, 10.0)
 
     def health(self) -> dict[str, Any]:
-        """The `/healthz` document."""
+        """The `/healthz` document: `status` is `starting` until the daemon is ready (see the
+        module docstring), then `ok` or `degraded`, and `stopping` once asked to stop."""
         kafka_ok = self.batches.kafka_ok
         degraded = self.store.degraded or not kafka_ok
-        status = "stopping" if self.stop_event.is_set() else "degraded" if degraded else "ok"
+        ready = (
+            self.warm
+            and self.assigned.is_set()
+            and (not self.registry or self.models.installed.is_set())
+        )
+        if self.stop_event.is_set():
+            status = "stopping"
+        elif not ready:
+            status = "starting"
+        else:
+            status = "degraded" if degraded else "ok"
         return {
             "status": status,
+            "ready": ready,
+            "warmup_s": {v: round(s, 4) for v, s in self.models.warmed.items()},
             "redis": "degraded" if self.store.degraded else "ok",
             "redis_state_age_s": round(self.store.state_age_s(), 3),
             "kafka": "ok" if kafka_ok else "reconnecting",
