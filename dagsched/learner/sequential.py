@@ -155,9 +155,18 @@ def decide(
         m: compare(champion[m], challenger[m], rule.tau[m], a, rule.var_floor) for m in METRICS
     }
     n = min(min(champion[m].n, challenger[m].n) for m in METRICS)
+    spent = max(challenger[m].n for m in METRICS)
+    return _by_rule(stats, rule, n, spent, "samples per arm", "samples")
+
+
+def _by_rule(
+    stats: dict[str, Any], rule: Any, n: int, spent: int, enough: str, budget: str
+) -> Verdict:
+    """The rule of the module docstring on per-metric intervals `stats`: `n` samples seen
+    (against `rule.min_samples`, counted as `enough` says), `spent` of the budget."""
     text = rule.describe()
     if n < rule.min_samples:
-        return Verdict("continue", f"fewer than {rule.min_samples} samples per arm", text, stats)
+        return Verdict("continue", f"fewer than {rule.min_samples} {enough}", text, stats)
     worse = [m for m, s in stats.items() if s.upper < 0]
     if worse:
         return Verdict("retire", f"challenger worse on {', '.join(worse)}", text, stats)
@@ -166,8 +175,8 @@ def decide(
         return Verdict("promote", f"challenger better on {', '.join(better)}", text, stats)
     if all(s.upper < rule.min_effect[m] for m, s in stats.items()):
         return Verdict("retire", "futile: cannot reach the minimum effect", text, stats)
-    if max(challenger[m].n for m in METRICS) >= rule.max_samples:
-        return Verdict("retire", f"budget of {rule.max_samples} samples spent", text, stats)
+    if spent >= rule.max_samples:
+        return Verdict("retire", f"budget of {rule.max_samples} {budget} spent", text, stats)
     return Verdict("continue", "no decision yet", text, stats)
 
 
@@ -286,17 +295,4 @@ class PairedTest:
         stats = {
             m: compare_paired(self.diffs[m], rule.tau[m], a, rule.var_floor) for m in PAIRED_METRICS
         }
-        text = rule.describe()
-        if self.n < rule.min_samples:
-            return Verdict("continue", f"fewer than {rule.min_samples} replays", text, stats)
-        worse = [m for m, s in stats.items() if s.upper < 0]
-        if worse:
-            return Verdict("retire", f"challenger worse on {', '.join(worse)}", text, stats)
-        better = [m for m, s in stats.items() if s.lower > 0 and s.diff >= rule.min_effect[m]]
-        if better:
-            return Verdict("promote", f"challenger better on {', '.join(better)}", text, stats)
-        if all(s.upper < rule.min_effect[m] for m, s in stats.items()):
-            return Verdict("retire", "futile: cannot reach the minimum effect", text, stats)
-        if self.n >= rule.max_samples:
-            return Verdict("retire", f"budget of {rule.max_samples} replays spent", text, stats)
-        return Verdict("continue", "no decision yet", text, stats)
+        return _by_rule(stats, rule, self.n, self.n, "replays", "replays")
