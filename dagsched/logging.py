@@ -7,12 +7,16 @@ Standard-library loggers (ours and third-party ones) are routed through the same
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from typing import Any, TextIO
 
 import structlog
 
 _HANDLER_NAME = "dagsched"
+# Loggers MLflow configures on import with a handler of their own at INFO, which bypasses the
+# root's level ("Creating initial MLflow database tables..." on a fresh store).
+_MLFLOW_LOGGERS = ("mlflow", "alembic", "huey", "sqlalchemy.engine")
 
 
 def configure_logging(
@@ -20,7 +24,8 @@ def configure_logging(
 ) -> None:
     """Send structlog and stdlib logging at `level` and above to `stream` (default stderr).
 
-    Standard-library loggers outside `dagsched` are held to WARNING and above.
+    Standard-library loggers outside `dagsched` are held to WARNING and above, MLflow's
+    included: it is told not to install its own handler, and one it installed already goes.
 
     `json=None` picks JSON when the stream is not a TTY and the console renderer when it is.
     Safe to call again (e.g. in tests): it replaces the previous configuration.
@@ -64,6 +69,20 @@ def configure_logging(
     # Third-party libraries chatter at INFO (matplotlib's font cache, say): WARNING and up only.
     root.setLevel(max(level_no, logging.WARNING))
     logging.getLogger("dagsched").setLevel(level_no)
+    _route_mlflow_to_root()
+
+
+def _route_mlflow_to_root() -> None:
+    """MLflow's loggers through the root handler, at its level: not imported yet, it is asked
+    (MLFLOW_CONFIGURE_LOGGING) not to set them up; imported, its set-up is undone."""
+    os.environ.setdefault("MLFLOW_CONFIGURE_LOGGING", "false")
+    if os.environ["MLFLOW_CONFIGURE_LOGGING"].strip().lower() in ("true", "1"):
+        return  # the user asked for MLflow's own output
+    for name in _MLFLOW_LOGGERS:
+        logger = logging.getLogger(name)
+        logger.handlers = []
+        logger.setLevel(logging.NOTSET)
+        logger.propagate = True
 
 
 def _isatty(stream: TextIO) -> bool:

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -47,6 +48,23 @@ def progress_bar(description: str, *, enabled: bool) -> Iterator[ProgressFn]:
             progress.update(task, completed=done, total=total)
 
         yield update
+
+
+class _FoldingTable(Table):
+    """A table whose cells fold (wrap mid-word) rather than end in an ellipsis."""
+
+    def add_column(self, *args: Any, **kwargs: Any) -> None:
+        """`Table.add_column`, folding by default."""
+        kwargs.setdefault("overflow", "fold")
+        super().add_column(*args, **kwargs)
+
+
+def fitting_table(title: str) -> Table:
+    """A table for a story told at 80 columns: no outer edge or column rules (the width goes
+    to the cells), headers and cells that wrap instead of being cut off with an ellipsis."""
+    return _FoldingTable(
+        title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True
+    )
 
 
 def print_metrics(metrics: Mapping[str, Any], title: str) -> None:

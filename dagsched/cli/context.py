@@ -46,7 +46,7 @@ def state(ctx: typer.Context) -> CliState:
 def help_without_command(ctx: typer.Context) -> None:
     """For a group called without a sub-command: show its help and exit 2 (a usage error)."""
     if ctx.invoked_subcommand is None and not ctx.resilient_parsing:
-        text = ctx.get_help()  # Typer's rich help prints itself and returns ""
+        text = ctx.get_help()
         if text:
             typer.echo(text)
         raise typer.Exit(2)

@@ -8,12 +8,19 @@ from typing import Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
-from dagsched.cli.console import progress_bar, stderr_is_tty
+from dagsched.cli.console import fitting_table, progress_bar, stderr_is_tty
 from dagsched.cli.context import state
+from dagsched.reporting import format_number
 
-KEYS = ("sla_attainment", "mean_jct_s", "p95_jct_s", "cost_core_s", "workflows_failed")
+# The comparison's columns: metric key, header (words, so a narrow terminal wraps them).
+KEYS: tuple[tuple[str, str], ...] = (
+    ("sla_attainment", "SLA met"),
+    ("mean_jct_s", "mean JCT (s)"),
+    ("p95_jct_s", "p95 JCT (s)"),
+    ("cost_core_s", "cost (core-s)"),
+    ("workflows_failed", "failed workflows"),
+)
 
 
 def demo_cmd(
@@ -50,25 +57,30 @@ def tell(doc: dict[str, Any], context: list[dict[str, Any]]) -> None:
         f" Challenger share {doc['settings']['challenger_share']:.0%} of workflows."
     )
     if doc["shift"]:
-        d = doc["shift"]
         console.print(
-            f"[bold]2. Shift[/bold] at simulated t={doc['shift_at_s']:.0f} s, unannounced: the"
-            f" retry after an OOM kill restarts for {d['oom_restart_s']:g} s, memory peaks"
-            f" spread {d['mem_spread']:g}x wider, noisy neighbours {d['neighbour_slowdown']:g};"
-            " the observation shows none of it until outcomes do."
+            f"[bold]2. Shift[/bold] at simulated t={doc['shift_at_s']:,.0f} s, unannounced: "
+            f"{shift_effects(doc['shift'])}; the observation shows none of it until outcomes do."
         )
-    versions = Table(title="3. Model versions (MLflow registry of this demo)")
-    for col in ("version", "aliases", "origin", "parent", "resumed from", "transitions", "KL"):
-        versions.add_column(col)
+    versions = fitting_table("3. Model versions (MLflow registry of this demo)")
+    for col, atomic in (
+        ("version", True),
+        ("aliases", False),
+        ("origin", True),
+        ("parent", True),
+        ("resumed from", False),
+        ("transitions", True),
+    ):
+        versions.add_column(col, no_wrap=atomic)  # the others wrap first when it is narrow
+    versions.add_column("KL to champion", justify="right")
     for v in doc["versions"]:
         versions.add_row(
             v["version"],
-            ",".join(v["aliases"]),
+            "\n".join(v["aliases"]),  # one per line: a narrow column never splits one
             v["origin"],
             v["parent"],
             v["resumed_from"],
             v["transitions"],
-            v["kl_to_champion"],
+            _short(v["kl_to_champion"]),
         )
     console.print(versions)
     console.print(
@@ -85,7 +97,7 @@ def tell(doc: dict[str, Any], context: list[dict[str, Any]]) -> None:
         console.print(f"   {v['action']} v{v['version']}: {v.get('reason', '')}")
     for a in doc["audit"]:
         console.print(f"   audit: {a['action']} v{a['version']} by {a['actor']}: {a['reason']}")
-    sla = Table(title="5. SLA attainment, workflows by arrival")
+    sla = fitting_table("5. SLA attainment, workflows by arrival")
     for col in ("period", "all arms", "champion arm", "challenger arm"):
         sla.add_column(col, justify="right")
     for period in ("before_shift", "after_shift", "all"):
@@ -98,17 +110,59 @@ def tell(doc: dict[str, Any], context: list[dict[str, Any]]) -> None:
             ),
         )
     console.print(sla)
-    table = Table(
-        title="6. Same workload and shift: the served loop vs the frozen champion and"
+    table = fitting_table(
+        "6. Same workload and shift: the served loop vs the frozen champion and"
         " heft_history (simulator)"
     )
     table.add_column("policy")
-    for k in KEYS:
-        table.add_column(k, justify="right")
+    for _, header in KEYS:
+        table.add_column(header, justify="right")
     for name, row in [("dagsched loop", r), *((c["policy"], c) for c in context)]:
-        table.add_row(name, *(f"{float(row.get(k, 0)):.3f}" for k in KEYS))
+        table.add_row(name, *(_metric(k, row.get(k, 0)) for k, _ in KEYS))
     console.print(table)
     console.print(
         "Browse the versions and the audit trail: .venv/bin/mlflow ui --backend-store-uri"
         f" sqlite:///{doc['settings']['home']}/mlflow.db"
     )
+
+
+def _duration(seconds: float) -> str:
+    """`3600` -> `1 h`, `600` -> `10 min`, `45` -> `45 s`."""
+    for unit, size in (("h", 3600.0), ("min", 60.0)):
+        if seconds >= size:
+            return f"{seconds / size:.3g} {unit}"
+    return f"{seconds:.3g} s"
+
+
+def shift_effects(shift: dict[str, Any]) -> str:
+    """The shift's effects in words, those left at their neutral value unsaid."""
+    said = []
+    if shift.get("oom_restart_s", 0) > 0:
+        said.append(
+            f"the retry after an OOM kill first restarts for {_duration(shift['oom_restart_s'])}"
+        )
+    if shift.get("mem_spread", 1) != 1:
+        said.append(
+            f"memory peaks spread {shift['mem_spread']:.3g} times as wide around their"
+            " family's median"
+        )
+    if shift.get("neighbour_slowdown", 0) > 0:
+        said.append(
+            f"a task on a busy node runs up to {1 + shift['neighbour_slowdown']:.3g} times"
+            " slower (noisy neighbours)"
+        )
+    return "; ".join(said) if said else "no effect switched on"
+
+
+def _short(tag: str) -> str:
+    """A registry metric tag (6 significant digits) at 3, so the column stays narrow."""
+    try:
+        return f"{float(tag):.3g}"
+    except ValueError:
+        return tag
+
+
+def _metric(key: str, value: Any) -> str:
+    if key == "workflows_failed":
+        return f"{int(value or 0)}"
+    return format_number(float(value or 0))

@@ -45,6 +45,7 @@ app = typer.Typer(
     help="Online-learning scheduler for cloud workflows: simulator, training and serving.",
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
 
 

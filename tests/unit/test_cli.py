@@ -265,13 +265,13 @@ def test_parallel_grid_matches_serial():
     assert seen == [0, 1, 2, 3, 4]
 
 
-def test_eval_over_loads_reports_utilisation_and_draws_jct_against_load(tmp_path):
+def test_eval_over_loads_reports_utilisation_and_draws_jct_against_load(tmp_path, cli):
+    # in this process (the console script's run()): the next test runs eval as a real process
     out = tmp_path / "eval"
-    r = dagsched(
+    r = cli(
         "--home", str(tmp_path / "home"), "eval", "--model", str(REPO / "models" / "champion"),
         "--policies", "heft_history,random", "--seeds", "1", "--workflows", "4",
         "--loads", "0.3,0.9", "--scenarios", "load:0.3,load:0.9", "--out", str(out), "--json",
-        cwd=tmp_path,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     rows = json.loads(r.stdout)
@@ -282,15 +282,12 @@ def test_eval_over_loads_reports_utilisation_and_draws_jct_against_load(tmp_path
         assert 0 < row["used_util"] < row["reserved_util"] <= 1.0
         assert row["oom_kills"] >= 0
     assert (out / "jct_vs_load.png").stat().st_size > 0
-    bad = dagsched(
-        "--home", str(tmp_path / "home"), "eval", "--loads", "0.5,3", "--out", str(out),
-        cwd=tmp_path,
-    )  # fmt: skip
+    bad = cli("--home", str(tmp_path / "home"), "eval", "--loads", "0.5,3", "--out", str(out))
     assert bad.returncode == 2 and "--loads" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1
 
 
-def test_eval_writes_the_report_and_json_rows(tmp_path):
+def test_eval_writes_the_report_and_json_rows(tmp_path, cli):
     out = tmp_path / "eval"
     r = dagsched(
         "--home", str(tmp_path / "home"), "eval", "--model", str(REPO / "models" / "champion"),
@@ -310,9 +307,9 @@ def test_eval_writes_the_report_and_json_rows(tmp_path):
         assert row["decision_ms"] > 0
     for name in ("eval.md", "eval.csv", "eval.json", "sla.png", "jct.png"):
         assert (out / name).stat().st_size > 0
-    bad = dagsched(
+    bad = cli(
         "--home", str(tmp_path / "home"), "eval", "--model", str(REPO / "models" / "champion"),
-        "--policies", "champion,nonsense", "--out", str(out), cwd=tmp_path,
+        "--policies", "champion,nonsense", "--out", str(out),
     )  # fmt: skip
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
     assert "nonsense" in bad.stderr
