@@ -175,7 +175,9 @@ def eval_cmd(
         None, "--model", help="Version, models:/NAME@alias, or bundle folder [default: champion]."
     ),
     policies: str | None = typer.Option(
-        None, "--policies", help="Comma-separated [default: model, baselines, mcts]."
+        None,
+        "--policies",
+        help="Comma-separated policy names [default: the model, every baseline, mcts].",
     ),
     wfformat: Path | None = typer.Option(None, "--wfformat", help="WfFormat file or folder."),
     seeds: int = typer.Option(2, "--seeds", min=1, help="Held-out seeds per scenario."),
@@ -194,6 +196,7 @@ def eval_cmd(
     as_json: bool = typer.Option(False, "--json", help="One JSON array of rows on stdout."),
 ) -> None:
     """Evaluate a model against every baseline and MCTS; write Markdown, CSV and PNG charts."""
+    load_list = _loads(loads)  # bad flags fail before anything is imported or opened
     from dagsched.cli.eval_report import write_report
     from dagsched.cli.inputs import load_wfformat_path
     from dagsched.learner.offline_eval import evaluate, make_policies, scenarios
@@ -201,7 +204,6 @@ def eval_cmd(
     from dagsched.registry.uri import load_model
     from dagsched.sim.runner import POLICY_NAMES
 
-    load_list = _loads(loads)  # bad flags fail before anything is opened
     settings = state(ctx).settings()
     name, sched = load_model(Registry(settings), model)
     names = (
