@@ -38,49 +38,79 @@ from dagsched.core.history import (
 )
 from dagsched.schemas.messages import TaskFailedMsg, TaskFinishedMsg
 
-# One measured sample into a family's hash, as a Lua function the event script calls
+# Measured samples into families' hashes, as Lua functions the event script calls
 # (`redis_scripts.APPLY_EVENTS_LUA`) for an attempt whose reservation it releases in the same
 # atomic step: the reservation goes with it, so a redelivered end event finds none and counts
-# nothing. Arguments: hash key, kind (done|oom), at, cpu bucket, mem bucket, runtime bucket,
-# runtime ratio, oom limit ratio, half-life, rescale threshold (all strings but the key's).
+# nothing. A batch reads each family's hash once (`hist_of`), adds its samples in order, and
+# writes the changed fields back once (`hist_flush`); numbers are written with 17 significant
+# digits, which read back as the same doubles, so a batch gives what its events one by one
+# give. `record_sample` arguments: the family's cache, kind (done|oom), at, cpu bucket, mem
+# bucket, runtime bucket, runtime ratio, oom limit ratio, half-life, rescale threshold.
 RECORD_FN = """
-local function record_sample(h, kind, at_s, cb, mb, rb, rt, lim, half, rescale)
+local hists = {}
+local function hist_of(key)
+  local c = hists[key]
+  if not c then
+    local all = redis.call('HGETALL', key)
+    c = {key = key, f = {}, dirty = {}}
+    for i = 1, #all, 2 do c.f[all[i]] = all[i + 1] end
+    hists[#hists + 1] = c
+    hists[key] = c
+  end
+  return c
+end
+local function hset(c, k, v)
+  c.f[k] = v
+  c.dirty[k] = true
+end
+local function hadd(c, k, x)
+  hset(c, k, string.format('%.17g', (tonumber(c.f[k]) or 0) + x))
+end
+local function record_sample(c, kind, at_s, cb, mb, rb, rt, lim, half, rescale)
   if kind == 'oom' then
-    redis.call('HINCRBY', h, 'ooms', 1)
-    redis.call('HSET', h, 'last_oom_s', at_s)
-    local cur = tonumber(redis.call('HGET', h, 'oom_limit') or '0')
-    if tonumber(lim) > cur then redis.call('HSET', h, 'oom_limit', lim) end
+    hset(c, 'ooms', string.format('%d', (tonumber(c.f['ooms']) or 0) + 1))
+    hset(c, 'last_oom_s', at_s)
+    if tonumber(lim) > (tonumber(c.f['oom_limit']) or 0) then hset(c, 'oom_limit', lim) end
     return
   end
   local at = tonumber(at_s)
-  local ref = redis.call('HGET', h, 'ref')
-  if ref then ref = tonumber(ref) else
-    redis.call('HSET', h, 'ref', at_s)
+  local ref = tonumber(c.f['ref'])
+  if not ref then
+    hset(c, 'ref', at_s)
     ref = at
   end
   local w = 2 ^ ((at - ref) / tonumber(half))
   if w > tonumber(rescale) then
-    local all = redis.call('HGETALL', h)
-    for i = 1, #all, 2 do
-      local f = all[i]
+    for f, v in pairs(c.f) do
       if string.match(f, '^[cmr]:') or string.match(f, '^[cmr]tot$') then
-        redis.call('HSET', h, f, tostring(tonumber(all[i + 1]) / w))
+        hset(c, f, string.format('%.17g', tonumber(v) / w))
       end
     end
-    redis.call('HSET', h, 'ref', at_s)
+    hset(c, 'ref', at_s)
     w = 1
   end
-  local ws = tostring(w)
-  redis.call('HINCRBYFLOAT', h, 'c:' .. cb, ws)
-  redis.call('HINCRBYFLOAT', h, 'm:' .. mb, ws)
-  redis.call('HINCRBYFLOAT', h, 'r:' .. rb, ws)
-  redis.call('HINCRBYFLOAT', h, 'ctot', ws)
-  redis.call('HINCRBYFLOAT', h, 'mtot', ws)
-  redis.call('HINCRBYFLOAT', h, 'rtot', ws)
-  redis.call('HINCRBY', h, 'count', 1)
-  local n = tonumber(redis.call('HGET', h, 'nrt') or '0')
-  if n >= 1 then redis.call('HSET', h, 'rt1', redis.call('HGET', h, 'rt2')) end
-  redis.call('HSET', h, 'rt2', rt, 'nrt', math.min(n + 1, 2))
+  w = tonumber(tostring(w))
+  hadd(c, 'c:' .. cb, w)
+  hadd(c, 'm:' .. mb, w)
+  hadd(c, 'r:' .. rb, w)
+  hadd(c, 'ctot', w)
+  hadd(c, 'mtot', w)
+  hadd(c, 'rtot', w)
+  hset(c, 'count', string.format('%d', (tonumber(c.f['count']) or 0) + 1))
+  local n = tonumber(c.f['nrt']) or 0
+  if n >= 1 then hset(c, 'rt1', c.f['rt2']) end
+  hset(c, 'rt2', rt)
+  hset(c, 'nrt', string.format('%d', math.min(n + 1, 2)))
+end
+local function hist_flush()
+  for _, c in ipairs(hists) do
+    local args = {}
+    for k in pairs(c.dirty) do
+      args[#args + 1] = k
+      args[#args + 1] = c.f[k]
+    end
+    if #args > 0 then redis.call('HSET', c.key, unpack(args)) end
+  end
 end
 """
 HISTORY_ARGS = (repr(HALF_LIFE_S), repr(RESCALE_AT))  # the function's last two arguments

@@ -224,18 +224,18 @@ while pos <= n do
   local op = f[1]
   if op == 'h' then
     local key, at = p .. 'node:' .. f[2], tonumber(f[3])
-    local cur = redis.call('HMGET', key, 'seen_at', 'reset_at')
+    local cur = redis.call('HMGET', key, 'seen_at', 'reset_at', 'free_cores')
     if (tonumber(cur[1]) or at) <= at and (tonumber(cur[2]) or at) <= at then
-      redis.call('SADD', p .. 'nodes', f[2])
       redis.call('HSET', key, 'kind', f[4], 'zone', f[5], 'cores', f[6], 'mem_gb', f[7],
         'gpu_mem_gb', f[8], 'net_gbps', f[9], 'alive', '1', 'seen_at', f[3],
         'used_cores', f[10], 'used_mem_gb', f[11], 'reported_queue_len', f[12],
         'net_in_bytes', f[13], 'failure_rate', f[14], 'slowdown', f[15])
-      -- the ledger starts full; later heartbeats never overwrite it
-      redis.call('HSETNX', key, 'free_cores', f[6])
-      redis.call('HSETNX', key, 'free_mem', f[7])
-      redis.call('HSETNX', key, 'queue_len', '0')
-      redis.call('HSETNX', key, 'queued_core_s', '0')
+      if not cur[3] then
+        -- a node first heard of: the ledger starts full; later heartbeats never overwrite it
+        redis.call('SADD', p .. 'nodes', f[2])
+        redis.call('HSET', key, 'free_cores', f[6], 'free_mem', f[7], 'queue_len', '0',
+          'queued_core_s', '0')
+      end
     end
   elseif op == 'd' or op == 'u' then
     local key, nodeled = p .. 'node:' .. f[2], p .. 'nodeled:' .. f[2]
@@ -280,8 +280,8 @@ while pos <= n do
       redis.call('DEL', led)
       redis.call('SREM', p .. 'nodeled:' .. h[2], led)
       if f[7] then
-        record_sample(p .. 'hist:' .. ARGV[6 + tonumber(f[7])], f[8], f[9], f[10], f[11],
-          f[12], f[13], f[14], half, rescale)
+        record_sample(hist_of(p .. 'hist:' .. ARGV[6 + tonumber(f[7])]), f[8], f[9], f[10],
+          f[11], f[12], f[13], f[14], half, rescale)
       end
     end
     if f[6] == '1' then redis.call('SADD', p .. 'wfdone:' .. wf, f[3]) end
@@ -291,6 +291,7 @@ while pos <= n do
     return redis.error_reply('unknown event line ' .. op)
   end
 end
+hist_flush()
 for _, wf in ipairs(wfs) do
   for _, s in ipairs({'wfnode:', 'wfdone:', 'wfactive:'}) do
     redis.call('EXPIRE', p .. s .. wf, ttl)
