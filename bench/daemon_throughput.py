@@ -38,9 +38,11 @@ failed, a heartbeat):
 - closedloop: a daemon (GNN when the registry is set up, else the heuristic) offered
   `--loop-rate` tasks/s (`task_ready` with `at`, so batches wait for the updater as deployed)
   for `--loop-decisions` tasks; a feeder reports each decision's attempt started, a heartbeat,
-  and its end a second later; the updater's lag (newest event produced minus the clock it has
-  applied) sampled every 0.1 s; afterwards the ledgers left and Redis bytes per decision, and
-  per (decision/s) held for `daemon.decision_ttl_s`.
+  and its end a second later; the updater (the daemon's own, or with `--loop-updater process`
+  `dagsched updater` alone) is timed from when it applies a first probe event; its lag (per
+  partition, the newest event acked minus the newest its group committed, in job-queue
+  seconds; the worst partition) sampled every 0.1 s; afterwards the ledgers left and Redis
+  bytes per decision, and per (decision/s) held for `daemon.decision_ttl_s`.
 Served path alone: `GNNScheduler.place` on batches of 64 tasks (the daemon's `batch_max` was 64)
 with real decision points of the default scenario scaled to 32, 256 and 2,048 nodes (played
 by least-loaded), in this process, no broker.
@@ -371,13 +373,19 @@ async def event_phases(bench: Bench, base: Settings, registered: bool) -> dict[s
         bench.console.log(f"(updater) {fmt_events(out['updater'])}")
     if "closedloop" in a.configs:
         name = "gnn" if registered else "heuristic"
+        separate = a.loop_updater == "process"
 
         async def start(s: Settings) -> Replica:
-            return await bench.start(name, 0, s, registered)
+            if not separate:
+                return await bench.start(name, 0, s, registered)
+            extra = () if name == "gnn" else ("--no-registry",)
+            return await start_replica(0, s, s.home, a.torch_threads, ("--no-updater", *extra),
+                                       env={"DAGSCHED_DAEMON__GRACE_S": "120"})  # fmt: skip
 
         out["closedloop"] = await closed_loop(
-            prefixed("closedloop"), start, a.loop_decisions, a.loop_rate, bench.console.log
-        )
+            prefixed("closedloop"), start, a.loop_decisions, a.loop_rate, bench.console.log,
+            separate,
+        )  # fmt: skip
         out["closedloop"]["config"] = name
     return out
 
@@ -428,6 +436,7 @@ async def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         "events": args.events,
         "loop_decisions": args.loop_decisions,
         "loop_rate": args.loop_rate,
+        "loop_updater": args.loop_updater,
         "rates": list(RATES),
         "torch_threads": args.torch_threads,
         "cpus": os.cpu_count(),
@@ -454,6 +463,8 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=None, help="updater backlog (150000; quick 30k)")
     ap.add_argument("--loop-decisions", type=int, default=None, help="closed loop (60000; 10k)")
     ap.add_argument("--loop-rate", type=float, default=1000.0, help="closed loop tasks/s offered")
+    ap.add_argument("--loop-updater", choices=("daemon", "process"), default="daemon",
+                    help="closed loop: the daemon's own updater, or dagsched updater alone")
     ap.add_argument("--served-nodes", default=",".join(map(str, SERVED_NODES)))
     ap.add_argument("--torch-threads", type=int, default=None)
     ap.add_argument("--out", type=Path, default=None)

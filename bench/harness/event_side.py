@@ -10,11 +10,13 @@ attempt's measured use is drawn around what its task declared, so history learns
 from __future__ import annotations
 
 import asyncio
+import bisect
 import heapq
 import random
 import sys
 import threading
 import time
+from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
@@ -101,19 +103,28 @@ def backlog(n_tasks: int, seed: int) -> tuple[list[Any], list[tuple[str, bytes]]
     return reservations, events
 
 
-async def committed_total(s: Settings, group: str) -> int:
-    """The sum of `group`'s committed offsets on the events topic."""
-    from aiokafka import TopicPartition
-    from aiokafka.admin import AIOKafkaAdminClient
+class Committed:
+    """A consumer group's committed offsets on the events topic, read with one admin client."""
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=s.kafka_bootstrap)
-    await admin.start()
-    try:
-        tps = [TopicPartition(s.topic("events"), p) for p in range(s.topics.partitions)]
-        offs = await admin.list_consumer_group_offsets(group, partitions=tps)
-        return sum(max(0, offs[tp].offset) for tp in tps if tp in offs)
-    finally:
-        await admin.close()
+    def __init__(self, s: Settings, group: str) -> None:
+        from aiokafka import TopicPartition
+        from aiokafka.admin import AIOKafkaAdminClient
+
+        self.group = group
+        self.admin = AIOKafkaAdminClient(bootstrap_servers=s.kafka_bootstrap)
+        self.tps = [TopicPartition(s.topic("events"), p) for p in range(s.topics.partitions)]
+
+    async def __aenter__(self) -> Committed:
+        await self.admin.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.admin.close()
+
+    async def offsets(self) -> dict[int, int]:
+        """Per partition, the next offset the group will apply (0 before any commit)."""
+        offs = await self.admin.list_consumer_group_offsets(self.group, partitions=self.tps)
+        return {tp.partition: max(0, offs[tp].offset) if tp in offs else 0 for tp in self.tps}
 
 
 async def start_updater(s: Settings) -> Replica:
@@ -139,6 +150,24 @@ def _lag_stats(samples: list[tuple[float, float]], skip_s: float) -> dict[str, A
         "p99_s": float(np.percentile(lags, 99)),
         "max_s": float(lags.max()),
     }
+
+
+async def _drain(
+    committed: Committed,
+    upd: Replica,
+    samples: list[tuple[float, int, float]],
+    total: int,
+    deadline: float,
+) -> None:
+    """Sample (time, events committed, the updater's CPU seconds) until all `total` are."""
+    while True:
+        done = sum((await committed.offsets()).values())
+        samples.append((time.monotonic(), done, cpu_seconds(upd.proc.pid) or 0.0))
+        if done >= total or time.monotonic() > deadline:
+            return
+        if upd.proc.returncode is not None:
+            raise RuntimeError(f"the updater exited: see {upd.log_path}")
+        await asyncio.sleep(0.05)
 
 
 async def updater_saturation(
@@ -170,17 +199,8 @@ async def updater_saturation(
         upd = await start_updater(s)
         samples: list[tuple[float, int, float]] = []
         try:
-            while True:
-                done = await committed_total(s, group)
-                cpu = cpu_seconds(upd.proc.pid)
-                samples.append((time.monotonic(), done, cpu or 0.0))
-                if done >= len(events):
-                    break
-                if upd.proc.returncode is not None:
-                    raise RuntimeError(f"the updater exited: see {upd.log_path}")
-                if time.monotonic() - started > timeout:
-                    break
-                await asyncio.sleep(0.05)
+            async with Committed(s, group) as committed:
+                await _drain(committed, upd, samples, len(events), started + timeout)
         finally:
             await stop_replica(upd)
         applied = samples[-1][1]
@@ -222,6 +242,10 @@ class Feeder:
         self.rng = random.Random(3)
         self.arrived: dict[tuple[str, int], float] = {}
         self.newest_at = 0.0  # job-queue time of the newest event produced
+        # per partition: offsets acked, and their events' times
+        self.delivered: dict[int, tuple[list[int], list[float]]] = defaultdict(
+            lambda: ([], [])
+        )
         self.events = 0
         self._ends: list[tuple[float, int, Any]] = []
         self._stop = threading.Event()
@@ -232,11 +256,36 @@ class Feeder:
         return time.time() - self.t0
 
     def _send(self, node: str, msg: Any) -> None:
-        from harness.kafka_io import produce
+        at = msg.at
 
-        produce(self.p, self.s.topic("events"), node, msg.encode(), backoff_s=0.001)
-        self.newest_at = max(self.newest_at, msg.at)
+        def acked(err: Any, m: Any) -> None:
+            if err is None:
+                offsets, ats = self.delivered[m.partition()]
+                offsets.append(m.offset())
+                ats.append(at)
+
+        while True:
+            try:
+                self.p.produce(self.s.topic("events"), msg.encode(), node.encode(),
+                               on_delivery=acked)  # fmt: skip
+                break
+            except BufferError:
+                self.p.poll(0.001)
+        self.newest_at = max(self.newest_at, at)
         self.events += 1
+
+    def behind_s(self, committed: dict[int, int]) -> float:
+        """The updater's lag: per partition, the newest event acked minus the newest one the
+        group has applied (committed), in job-queue seconds; the worst partition."""
+        worst = 0.0
+        for part, (offsets, ats) in list(self.delivered.items()):
+            n = len(offsets)
+            if not n or offsets[n - 1] < committed.get(part, 0):
+                continue  # all applied
+            i = bisect.bisect_left(offsets, committed.get(part, 0), 0, n)  # first not applied
+            applied_at = ats[i - 1] if i > 0 else ats[0]
+            worst = max(worst, ats[n - 1] - applied_at)
+        return worst
 
     def _run(self) -> None:
         import json
@@ -303,15 +352,19 @@ async def closed_loop(
     decisions: int,
     rate: float,
     say: Callable[[str], Any],
+    separate: bool = False,
 ) -> dict[str, Any]:
-    """A daemon (with its updater) under `rate` tasks/s of `decisions` tasks whose events come
-    back as they would from a cluster: the updater's lag (the newest event produced minus the
-    clock it has applied, in job-queue seconds) sampled every `LAG_SAMPLE_S`, and what Redis
-    holds afterwards."""
+    """A daemon under `rate` tasks/s of `decisions` tasks whose events come back as they
+    would from a cluster; its own updater applies them, or (`separate`) a `dagsched updater`
+    process. Sampled every `LAG_SAMPLE_S`: the updater's lag (per partition, the newest event
+    acked minus the newest its group has committed, in job-queue seconds; the worst) and the
+    clock's (the newest event produced minus the clock in Redis, what a batch waits for).
+    Afterwards: ledgers left, and what Redis holds per decision."""
     import redis.asyncio as aioredis
 
     from dagsched.daemon.broker import ensure_topics
     from dagsched.daemon.redis_state import RedisState
+    from dagsched.daemon.updater import UPDATER_GROUP_SUFFIX
 
     await ensure_topics(s)
     rds = aioredis.from_url(s.redis_url)
@@ -322,9 +375,12 @@ async def closed_loop(
     todo = [(wf, task) for (wf, task, _), _, _ in ready[:decisions]]
     p = producer(s)
     await asyncio.to_thread(publish, p, s.topic("tasks"), wfs)
-    replica = await start(s)
-    out: dict[str, Any] = {"decisions_offered": len(todo), "rate": rate}
+    procs = [await start(s)]
+    if separate:
+        procs.append(await start_updater(s))
+    out: dict[str, Any] = {"decisions_offered": len(todo), "rate": rate, "separate": separate}
     feeder = None
+    group = s.topic_prefix + s.daemon.group_id + UPDATER_GROUP_SUFFIX
     try:
         keys = [f"{s.topic_prefix}dagsched:wf:{w}" for w, _ in wfs]
         deadline = time.monotonic() + 120
@@ -334,40 +390,48 @@ async def closed_loop(
         t0 = time.time()
         feeder = Feeder(s, _specs(wfs), t0)
         pacer = asyncio.create_task(asyncio.to_thread(pace_ready, p, s, todo, rate, t0))
-        samples: list[tuple[float, float]] = []
+        samples: list[tuple[float, float, float]] = []
         sent_done: float | None = None
-        while True:
-            clock = float(await rds.get(rs.key("clock")) or 0.0)
-            now = feeder.now()
-            samples.append((now, max(0.0, feeder.newest_at - clock)))
-            if pacer.done() and sent_done is None:
-                out["offered_per_s"] = pacer.result()
-                sent_done = now
-            drained = len(feeder.arrived) >= len(todo) and not feeder.pending()
-            if sent_done is not None and drained and clock + 1e-9 >= feeder.newest_at:
-                break
-            if sent_done is not None and now - sent_done > 120:
-                break
-            if replica.proc.returncode is not None:
-                raise RuntimeError(f"the daemon exited: see {replica.log_path}")
-            await asyncio.sleep(LAG_SAMPLE_S)
-        out["decided"] = len(feeder.arrived)
+        async with Committed(s, group) as committed:
+            while True:
+                clock = float(await rds.get(rs.key("clock")) or 0.0)
+                behind = feeder.behind_s(await committed.offsets())
+                now = feeder.now()
+                samples.append((now, behind, max(0.0, feeder.newest_at - clock)))
+                if pacer.done() and sent_done is None:
+                    out["offered_per_s"] = pacer.result()
+                    sent_done = now
+                drained = len(feeder.arrived) >= len(todo) and not feeder.pending()
+                if sent_done is not None and drained and behind == 0.0:
+                    break
+                if sent_done is not None and now - sent_done > 120:
+                    break
+                for r in procs:
+                    if r.proc.returncode is not None:
+                        raise RuntimeError(f"a process exited: see {r.log_path}")
+                await asyncio.sleep(LAG_SAMPLE_S)
+        arrived = sorted(feeder.arrived.values())
+        out["decided"] = len(arrived)
+        out["decided_per_s"] = (len(arrived) - 1) / max(1e-9, arrived[-1] - arrived[0])
         out["events"] = feeder.events
-        out["events_per_decision"] = feeder.events / max(1, len(feeder.arrived))
+        out["events_per_decision"] = feeder.events / max(1, len(arrived))
         out["wall_s"] = samples[-1][0]
-        out["lag"] = _lag_stats(samples, skip_s=1.0)
-        out["lag_series"] = [(round(t, 2), round(lag, 4)) for t, lag in samples[:: 10]]
+        out["lag"] = _lag_stats([(t, lag) for t, lag, _ in samples], skip_s=1.0)
+        out["clock_lag"] = _lag_stats([(t, lag) for t, _, lag in samples], skip_s=1.0)
+        out["lag_series"] = [(round(t, 2), round(a, 3), round(b, 3)) for t, a, b in samples[::10]]
         out["ledgers_left"] = len([k async for k in rds.scan_iter(match=rs.key("led", "*"))])
-        out["redis"] = await redis_bytes(rds, s, len(feeder.arrived), mem0)
+        out["redis"] = await redis_bytes(rds, s, len(arrived), mem0)
         out["redis"]["bytes_per_decision_per_s"] = _bytes_per_rate(out["redis"], s)
     finally:
         if feeder is not None:
             feeder.close()
-        out["stopped"] = await stop_replica(replica)
+        out["stopped"] = [await stop_replica(r) for r in procs]
         await rds.aclose()
     lag = out["lag"]
-    say(f"(closedloop) {out['decided']:,} decisions at {out.get('offered_per_s', 0):,.0f}/s "
-        f"offered, {out['events']:,} events: updater lag p50 {lag.get('p50_s', 0):.3f} s, "
+    where = "a process of its own" if separate else "in the daemon"
+    say(f"(closedloop, updater {where}) {out['decided']:,} decisions at "
+        f"{out.get('offered_per_s', 0):,.0f}/s offered ({out['decided_per_s']:,.0f}/s decided),"
+        f" {out['events']:,} events: updater lag p50 {lag.get('p50_s', 0):.3f} s, "
         f"p99 {lag.get('p99_s', 0):.3f} s, max {lag.get('max_s', 0):.3f} s; "
         f"{out['ledgers_left']} ledgers left")  # fmt: skip
     return out

@@ -209,8 +209,9 @@ def show_events(doc: dict[str, Any], console: Console) -> None:
     c = ev.get("closedloop")
     if c:
         lag = c["lag"]
+        where = "updater alone" if c.get("separate") else "daemon's updater"
         t.add_row(
-            f"closed loop, {c.get('offered_per_s', 0):,.0f} tasks/s ({c['config']})",
+            f"closed loop, {c.get('offered_per_s', 0):,.0f} tasks/s ({c['config']}, {where})",
             f"{c['events']:,}", _n(c["events"] / max(1e-9, c["wall_s"])), "-", "-",
             f"{lag.get('p50_s', 0):.3f} / {lag.get('p99_s', 0):.3f} / {lag.get('max_s', 0):.3f}",
             str(c["ledgers_left"]),
