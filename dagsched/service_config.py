@@ -52,10 +52,13 @@ class DaemonSettings(_Strict):
     observation_ttl_s: int = Field(default=7 * 24 * 3600, ge=60)
     # the redelivery window: how long a stored decision stays in Redis, so that a redelivered
     # task_ready gets the byte-identical decision back (a consumer's uncommitted batch, a
-    # replica that died, a job queue asking again: seconds to hours). A workflow's DAG and
-    # progress keys live this long past its last decision or event. Redis holds this times
-    # the decision rate times ~1 KB (docs/operations/event-side.md)
-    decision_ttl_s: int = Field(default=6 * 3600, ge=60)
+    # replica that died, a job queue asking again, a group rewound: seconds to hours). Redis
+    # holds ~440 B per decision for this long (docs/operations/event-side.md)
+    decision_ttl_s: int = Field(default=3 * 3600, ge=60)
+    # how long a workflow's DAG and progress stay in Redis past its last decision or event:
+    # longer than its longest task runs (a child's task_ready needs the DAG). ~330 B per
+    # decision for this long
+    workflow_ttl_s: int = Field(default=3 * 3600, ge=60)
     # records per batch of the event updater (one script call each): a larger batch holds
     # Redis longer (~10 us per event), a smaller one costs more round trips
     events_batch_max: int = Field(default=2000, ge=1, le=100_000)

@@ -450,21 +450,28 @@ async def _updater_ready(s: Settings, rds: Any, rs: Any, timeout: float = 120.0)
     return time.monotonic() - t0
 
 
-# key families held for the redelivery window (`decision_ttl_s`) per decision; the rest
-# (nodes, history, ledgers of running attempts, the decision log under its own cap) do not
-# grow with it
-WINDOWED = ("dec", "wf", "wfactive", "wfdone", "wfnode")
+# key families held for a window per decision: stored decisions for `decision_ttl_s`, the
+# workflows' keys for `workflow_ttl_s` past their last use; the rest (nodes, history, ledgers
+# of running attempts, the decision log under its own cap) do not grow with the rate
+DECISION_KEYS = ("dec",)
+WORKFLOW_KEYS = ("wf", "wfactive", "wfdone", "wfnode")
 
 
 def _bytes_per_rate(red: dict[str, Any], s: Settings) -> dict[str, float]:
-    """Redis bytes per (decision/s of sustained rate): what one decision keeps for the
-    window, times the window."""
-    per = sum(red["families"].get(f, {}).get("bytes", 0) for f in WINDOWED) / max(
-        1, red["decisions"]
-    )
+    """Redis bytes per (decision/s of sustained rate): what one decision keeps, times how
+    long it keeps it."""
+
+    def per(families: tuple[str, ...]) -> float:
+        total = sum(red["families"].get(f, {}).get("bytes", 0) for f in families)
+        return total / max(1, red["decisions"])
+
+    cfg = s.daemon
+    dec, wf = per(DECISION_KEYS), per(WORKFLOW_KEYS)
     return {
-        "windowed_bytes_per_decision": per,
-        "decision_ttl_s": s.daemon.decision_ttl_s,
-        "bytes_per_decision_per_s": per * s.daemon.decision_ttl_s,
-        "decision_log_cap_bytes": s.daemon.decision_log_max_mb * 2**20,
+        "decision_bytes_per_decision": dec,
+        "workflow_bytes_per_decision": wf,
+        "decision_ttl_s": cfg.decision_ttl_s,
+        "workflow_ttl_s": cfg.workflow_ttl_s,
+        "bytes_per_decision_per_s": dec * cfg.decision_ttl_s + wf * cfg.workflow_ttl_s,
+        "decision_log_cap_bytes": cfg.decision_log_max_mb * 2**20,
     }

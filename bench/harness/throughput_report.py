@@ -227,8 +227,9 @@ def show_events(doc: dict[str, Any], console: Console) -> None:
             rt.add_row(fam, f"{v['keys']:,}", _n(v["bytes"] / max(1, r["decisions"])))
         console.print(rt)
         console.print(
-            f"held for the redelivery window: {pr['windowed_bytes_per_decision']:,.0f} B per "
-            f"decision x decision_ttl_s {pr['decision_ttl_s']:,} s = "
+            f"held: {pr['decision_bytes_per_decision']:,.0f} B per decision x decision_ttl_s "
+            f"{pr['decision_ttl_s']:,} s + {pr['workflow_bytes_per_decision']:,.0f} B x "
+            f"workflow_ttl_s {pr['workflow_ttl_s']:,} s = "
             f"{pr['bytes_per_decision_per_s'] / 2**20:,.1f} MiB per (decision/s), plus the "
             f"decision log's cap {pr['decision_log_cap_bytes'] / 2**20:,.0f} MiB"
         )

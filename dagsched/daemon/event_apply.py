@@ -6,8 +6,8 @@ its size.
    reservation when it decided (`history_store.Declared`), and its node's kind. The
    measured ratios and their buckets are computed here, with `core.history`'s functions.
 2. One script applies the whole batch in order, atomically (`APPLY_EVENTS_LUA`): heartbeats,
-   node resets, ledger moves and releases, workflow progress, the family history (for an end
-   whose ledger entry it releases) and the clock.
+   node resets, ledger moves and releases, workflow progress (refreshing its workflows' keys'
+   TTL), the family history (for an end whose ledger entry it releases) and the clock.
 
 Each event is applied exactly as if it were alone (`RedisState.apply_event` is a batch of
 one), and a redelivered event changes nothing: an end whose ledger entry is gone releases
@@ -90,11 +90,11 @@ class EventApplier:
         self,
         redis: aioredis.Redis,
         prefix: str,
-        progress_ttl_s: int,
+        workflow_ttl_s: int,
         speed: dict[str, dict[str, float]],
     ) -> None:
         self.prefix = prefix
-        self.progress_ttl_s = progress_ttl_s
+        self.workflow_ttl_s = workflow_ttl_s
         self.speed = speed
         self._info = redis.register_script(LEDGER_INFO_LUA)
         self._apply = redis.register_script(APPLY_EVENTS_LUA)
@@ -123,6 +123,6 @@ class EventApplier:
                     lines[i] += f"\t{pos}\t" + "\t".join(args)
         clock = repr(max(float(m.at) for m in msgs))
         await self._apply(
-            args=[self.prefix, self.progress_ttl_s, *HISTORY_ARGS, clock, "\n".join(lines),
+            args=[self.prefix, self.workflow_ttl_s, *HISTORY_ARGS, clock, "\n".join(lines),
                   *families]
         )  # fmt: skip

@@ -5,20 +5,21 @@ the daemon and the updater can share one Redis without races (see that module's 
 from dagsched.daemon.history_store import RECORD_FN
 
 # All reservations of one batch round, in order, atomically (one EVALSHA per round).
-# ARGV: ttl, key prefix, then the entries as one string: a line each, its fields separated by
+# ARGV: ttl, key prefix, the entries as one string (below), workflow ttl. An entry is a line,
+# its fields separated by
 # tabs: task key "{wf}/{task}", attempt, node id, cores, mem, est core-s, mode (fit | queue |
 # force), what the task declared (family, escaped: no tab or newline; type; cpu; mem;
 # duration; all empty when unknown), and last the decision JSON (JSON has no raw newline).
 # The declared fields go into the ledger entry: the updater learns from them when the attempt
-# ends. A stored decision refreshes its workflow's keys' TTL (`wf`, `wfactive`), so a
-# workflow's keys live `ttl` past its last decision, however long it runs.
+# ends. A stored decision refreshes its workflow's keys' TTL (`wf`, `wfactive`): a workflow's
+# keys live the workflow ttl past its last decision (or event), however long it runs.
 # One argument and one reply string instead of a dozen arguments and two replies per entry:
 # redis-py packs and parses each in pure Python, which cost more than the script itself.
 # Returns {statuses, winner...}: one letter per entry (r reserved, q queued, d dup, x dead,
 # n nofit), then the stored decision of each dup, in order.
 # An entry sees the earlier entries' reservations, as the planner's view did.
 DECIDE_LUA = """
-local ttl, p, blob = tonumber(ARGV[1]), ARGV[2], ARGV[3]
+local ttl, p, blob, wf_ttl = tonumber(ARGV[1]), ARGV[2], ARGV[3], tonumber(ARGV[4])
 local statuses, out, touched = {}, {''}, {}
 local pos, n = 1, #blob
 local pat = '^' .. string.rep('([^\\t]*)\\t', 12) .. '(.*)$'
@@ -76,8 +77,8 @@ while pos <= n do
   end
   if (status == 'r' or status == 'q') and not touched[wf] then
     touched[wf] = true
-    redis.call('EXPIRE', p .. 'wf:' .. wf, ttl)
-    redis.call('EXPIRE', wfactive, ttl)
+    redis.call('EXPIRE', p .. 'wf:' .. wf, wf_ttl)
+    redis.call('EXPIRE', wfactive, wf_ttl)
   end
   statuses[#statuses + 1] = status
 end
@@ -181,7 +182,7 @@ return table.concat(out, '\n')
 """
 
 # A batch of `dagsched.events`, in order, atomically (`daemon.event_apply`).
-# ARGV: key prefix, ttl of the workflows' progress keys, half-life, rescale threshold, the
+# ARGV: key prefix, ttl of the workflows' keys (refreshed), half-life, rescale threshold, the
 # batch's latest event time ('' for none), the events as one string, then the families that
 # the end lines name by position (raw: any bytes). A line per event, fields separated by tabs:
 #   h node at kind zone cores mem_gb gpu_mem_gb net_gbps used_cores used_mem_gb queue_len
@@ -293,7 +294,7 @@ while pos <= n do
 end
 hist_flush()
 for _, wf in ipairs(wfs) do
-  for _, s in ipairs({'wfnode:', 'wfdone:', 'wfactive:'}) do
+  for _, s in ipairs({'wf:', 'wfnode:', 'wfdone:', 'wfactive:'}) do
     redis.call('EXPIRE', p .. s .. wf, ttl)
   end
 end

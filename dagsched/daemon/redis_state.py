@@ -8,11 +8,11 @@ Every key starts with `{topic_prefix}dagsched:` so two stacks can share one Redi
 | `node:{id}` | hash | static shape, telemetry, `alive`, `seen_at` (last heartbeat), `reset_at` (last down or up), and the reservation ledger's `free_cores`, `free_mem`, `queue_len`, `queued_core_s` |
 | `led:{wf}/{task}:{attempt}` | hash | one placement while its attempt lives: node, cores, mem, est. core-s, state `r` (holds a reservation) or `q` (waits in the node's queue), and what the task declared (`fam`, `ty`, `dc`, `dm`, `dd`: family, type, cpu, mem, duration) for history; deleted when the attempt ends or its node goes down |
 | `nodeled:{id}` | set | ledger keys on a node (dropped when it goes down) |
-| `dec:{wf}/{task}:{attempt}` | string | the decision's JSON, written once (SET NX semantics), for `daemon.decision_ttl_s` |
+| `dec:{wf}/{task}:{attempt}` | string | the decision's JSON, written once (SET NX semantics), for `daemon.decision_ttl_s` (the redelivery window) |
 | `declog:keys`, `declog:recs` | streams | the decision log: per policy call, the keys of its new decisions, and its `decision_batch` record (zlib), under the same stream id; capped by `daemon.decision_log_max_mb` and `observation_ttl_s` |
 | `obs:{wf}/{task}:{attempt}` | string | a decision's whole `decision_log` (observation, action): written before issue 13, still read |
-| `wf:{id}` | string | the workflow message JSON, until `decision_ttl_s` after its last decision |
-| `wfdone:{id}`, `wfactive:{id}` | sets | task indices done / decided and not done (TTL as `wf`) |
+| `wf:{id}` | string | the workflow message JSON, until `daemon.workflow_ttl_s` after its last decision or event |
+| `wfdone:{id}`, `wfactive:{id}` | sets | task indices done / decided and not done (TTL as `wf`, and `wfnode`) |
 | `wfnode:{id}` | hash | task index -> node id of its latest started attempt |
 | `clock` | string | latest event time (job-queue clock) |
 | `hist:{family}` | hash | per-family history of measured outcomes (`daemon.history_store`) |
@@ -99,7 +99,7 @@ class RedisState:
         self._log_writes = 0
         self.history = RedisHistory(redis, self.key, settings.sim.cluster.speed)
         self.events = EventApplier(
-            redis, self.prefix, settings.daemon.decision_ttl_s, settings.sim.cluster.speed
+            redis, self.prefix, settings.daemon.workflow_ttl_s, settings.sim.cluster.speed
         )
 
     def key(self, *parts: str) -> str:
@@ -177,8 +177,10 @@ class RedisState:
                 raise ValueError("a decision with a raw newline")
             head = f"{r.task_key}\t{r.attempt}\t{r.node}\t{r.cores!r}\t{r.mem!r}\t{r.core_s!r}"
             lines.append(f"{head}\t{mode}\t{declared_fields(r.declared)}\t".encode() + r.decision)
-        ttl = self.settings.daemon.decision_ttl_s
-        statuses, *winners = await self._decide(args=[ttl, self.prefix, b"\n".join(lines)])
+        cfg = self.settings.daemon
+        statuses, *winners = await self._decide(
+            args=[cfg.decision_ttl_s, self.prefix, b"\n".join(lines), cfg.workflow_ttl_s]
+        )
         it = iter(winners)
         return [
             ("dup", _bytes(next(it))) if c == "d" else (_STATUS[c], None) for c in _str(statuses)
@@ -192,7 +194,7 @@ class RedisState:
             return
         pipe = self.redis.pipeline(transaction=False)
         for wf_id, raw in items:
-            pipe.set(self.key("wf", wf_id), raw, ex=self.settings.daemon.decision_ttl_s)
+            pipe.set(self.key("wf", wf_id), raw, ex=self.settings.daemon.workflow_ttl_s)
         await pipe.execute()
 
     async def get_workflows(self, ids: Sequence[str]) -> list[bytes | None]:
