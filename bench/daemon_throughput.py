@@ -35,14 +35,16 @@ failed, a heartbeat):
 - updater: a backlog of `--events` events (and the reservations of their decisions) published
   first, then `dagsched updater` started alone: events/s between 10% and 90% of the backlog
   committed, against the passthrough's records/s; its CPU per event; ledgers left after;
-- closedloop: a daemon (GNN when the registry is set up, else the heuristic) offered
-  `--loop-rate` tasks/s (`task_ready` with `at`, so batches wait for the updater as deployed)
-  for `--loop-decisions` tasks; a feeder reports each decision's attempt started, a heartbeat,
-  and its end a second later; the updater (the daemon's own, or with `--loop-updater process`
-  `dagsched updater` alone) is timed from when it applies a first probe event; its lag (per
-  partition, the newest event acked minus the newest its group committed, in job-queue
-  seconds; the worst partition) sampled every 0.1 s; afterwards the ledgers left and Redis
-  bytes per decision, and per (decision/s) held for `daemon.decision_ttl_s`.
+- closedloop: a daemon (serving the champion; the heuristic with `--loop-policy heuristic`)
+  offered `--loop-rate` tasks/s (`task_ready` with `at`, so batches wait for the updater as
+  deployed) for `--loop-decisions` tasks; a feeder reports each decision's attempt started, a
+  heartbeat, and its end a second later; the updater (the daemon's own, or with
+  `--loop-updater process` `dagsched updater` alone) is timed from when it applies a first
+  probe event; its lag (per partition, the newest event acked minus the newest its group
+  committed, in job-queue seconds; the worst partition) sampled every 0.1 s; afterwards the
+  ledgers left, Redis bytes per decision, and per (decision/s) held for `daemon.decision_ttl_s`
+  and `daemon.workflow_ttl_s`.
+
 Served path alone: `GNNScheduler.place` on batches of 64 tasks (the daemon's `batch_max` was 64)
 with real decision points of the default scenario scaled to 32, 256 and 2,048 nodes (played
 by least-loaded), in this process, no broker.
@@ -372,7 +374,7 @@ async def event_phases(bench: Bench, base: Settings, registered: bool) -> dict[s
         )
         bench.console.log(f"(updater) {fmt_events(out['updater'])}")
     if "closedloop" in a.configs:
-        name = "gnn" if registered else "heuristic"
+        name = "gnn" if registered and a.loop_policy == "gnn" else "heuristic"
         separate = a.loop_updater == "process"
 
         async def start(s: Settings) -> Replica:
@@ -404,7 +406,8 @@ async def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     ) as stack:
         s = stack.settings
         registered = False
-        if any(c.startswith("gnn") or c == "closedloop" for c in args.configs):
+        loop_gnn = "closedloop" in args.configs and args.loop_policy == "gnn"
+        if any(c.startswith("gnn") for c in args.configs) or loop_gnn:
             version = await asyncio.to_thread(Registry(s).ensure_champion)
             registered = version is not None
             console.log(f"registry: champion v{version} (the shipped bundle)")
@@ -437,6 +440,7 @@ async def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         "loop_decisions": args.loop_decisions,
         "loop_rate": args.loop_rate,
         "loop_updater": args.loop_updater,
+        "loop_policy": args.loop_policy,
         "rates": list(RATES),
         "torch_threads": args.torch_threads,
         "cpus": os.cpu_count(),
@@ -463,6 +467,8 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=None, help="updater backlog (150000; quick 30k)")
     ap.add_argument("--loop-decisions", type=int, default=None, help="closed loop (60000; 10k)")
     ap.add_argument("--loop-rate", type=float, default=1000.0, help="closed loop tasks/s offered")
+    ap.add_argument("--loop-policy", choices=("gnn", "heuristic"), default="gnn",
+                    help="closed loop: the daemon serves the champion, or the fallback")
     ap.add_argument("--loop-updater", choices=("daemon", "process"), default="daemon",
                     help="closed loop: the daemon's own updater, or dagsched updater alone")
     ap.add_argument("--served-nodes", default=",".join(map(str, SERVED_NODES)))
