@@ -29,6 +29,22 @@ Per configuration:
   producer;
 - Redis: MEMORY USAGE of every key under the prefix after the backlog, by key family, / the
   backlog's decisions.
+
+The event side (`harness/event_side.py`; three events per decision: started, finished or
+failed, a heartbeat):
+- updater: a backlog of `--events` events (and the reservations of their decisions) published
+  first, then `dagsched updater` started alone: events/s between 10% and 90% of the backlog
+  committed, against the passthrough's records/s; its CPU per event; ledgers left after;
+- closedloop: a daemon (serving the champion; the heuristic with `--loop-policy heuristic`)
+  offered `--loop-rate` tasks/s (`task_ready` with `at`, so batches wait for the updater as
+  deployed) for `--loop-decisions` tasks; a feeder reports each decision's attempt started, a
+  heartbeat, and its end a second later; the updater (the daemon's own, or with
+  `--loop-updater process` `dagsched updater` alone) is timed from when it applies a first
+  probe event; its lag (per partition, the newest event acked minus the newest its group
+  committed, in job-queue seconds; the worst partition) sampled every 0.1 s; afterwards the
+  ledgers left, Redis bytes per decision, and per (decision/s) held for `daemon.decision_ttl_s`
+  and `daemon.workflow_ttl_s`.
+
 Served path alone: `GNNScheduler.place` on batches of 64 tasks (the daemon's `batch_max` was 64)
 with real decision points of the default scenario scaled to 32, 256 and 2,048 nodes (played
 by least-loaded), in this process, no broker.
@@ -39,7 +55,8 @@ The workload and the Kafka traffic are `harness/kafka_io.py`, the measures and t
 prints one JSON object on stdout.
 
     PYTHONPATH=. .venv/bin/python bench/daemon_throughput.py [--quick] [--json]
-        [--configs passthrough,heuristic,gnn,gnn2] [--backlog 20000] [--pace-s 8]
+        [--configs passthrough,heuristic,gnn,gnn2,updater,closedloop] [--backlog 20000]
+        [--pace-s 8] [--events 150000] [--loop-decisions 60000] [--loop-rate 1000]
 """
 
 from __future__ import annotations
@@ -58,6 +75,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from harness.event_side import closed_loop, updater_saturation
 from harness.kafka_io import Key, Reader, heartbeats, pace, producer, publish, workload
 from harness.replicas import Replica, start_replica, stop_replica, wait_until
 from harness.stack import REPO, git_state, local_stack
@@ -65,6 +83,7 @@ from harness.throughput_report import (
     RATES,
     cpu_per_decision,
     cpu_seconds,
+    fmt_events,
     fmt_rate,
     redis_bytes,
     saturation,
@@ -77,7 +96,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from dagsched.settings import Settings
 
-CONFIGS = ("passthrough", "heuristic", "gnn", "gnn2")
+CONFIGS = ("passthrough", "heuristic", "gnn", "gnn2", "updater", "closedloop")
+EVENT_PHASES = ("updater", "closedloop")
 SERVED_NODES = (32, 256, 2048)
 
 
@@ -337,6 +357,41 @@ def served(nodes: int, seconds: float, batch: int, warmup: int) -> dict[str, Any
     }
 
 
+# -- the event side ---------------------------------------------------------------------------
+
+
+async def event_phases(bench: Bench, base: Settings, registered: bool) -> dict[str, Any]:
+    """The updater at saturation and the closed loop (those of `--configs`)."""
+    a = bench.args
+    out: dict[str, Any] = {}
+
+    def prefixed(name: str) -> Settings:
+        return base.model_copy(update={"topic_prefix": f"{base.topic_prefix}{name}."})
+
+    if "updater" in a.configs:
+        out["updater"] = await updater_saturation(
+            prefixed("updater"), a.events, bench.console.log, a.backlog_timeout
+        )
+        bench.console.log(f"(updater) {fmt_events(out['updater'])}")
+    if "closedloop" in a.configs:
+        name = "gnn" if registered and a.loop_policy == "gnn" else "heuristic"
+        separate = a.loop_updater == "process"
+
+        async def start(s: Settings) -> Replica:
+            if not separate:
+                return await bench.start(name, 0, s, registered)
+            extra = () if name == "gnn" else ("--no-registry",)
+            return await start_replica(0, s, s.home, a.torch_threads, ("--no-updater", *extra),
+                                       env={"DAGSCHED_DAEMON__GRACE_S": "120"})  # fmt: skip
+
+        out["closedloop"] = await closed_loop(
+            prefixed("closedloop"), start, a.loop_decisions, a.loop_rate, bench.console.log,
+            separate,
+        )  # fmt: skip
+        out["closedloop"]["config"] = name
+    return out
+
+
 # -- the run ----------------------------------------------------------------------------------
 
 
@@ -351,13 +406,16 @@ async def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     ) as stack:
         s = stack.settings
         registered = False
-        if any(c.startswith("gnn") for c in args.configs):
+        loop_gnn = "closedloop" in args.configs and args.loop_policy == "gnn"
+        if any(c.startswith("gnn") for c in args.configs) or loop_gnn:
             version = await asyncio.to_thread(Registry(s).ensure_champion)
             registered = version is not None
             console.log(f"registry: champion v{version} (the shipped bundle)")
         bench = Bench(args, console)
         for name in args.configs:
-            doc["configs"][name] = await bench.config(name, s, registered)
+            if name not in EVENT_PHASES:
+                doc["configs"][name] = await bench.config(name, s, registered)
+        doc["events"] = await event_phases(bench, s, registered)
     # the served path runs with the daemon's torch threads, as in a daemon process
     threads = getattr(stack.settings.daemon, "torch_threads", 0)
     if threads:
@@ -378,6 +436,11 @@ async def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         "quick": args.quick,
         "backlog": args.backlog,
         "pace_s": args.pace_s,
+        "events": args.events,
+        "loop_decisions": args.loop_decisions,
+        "loop_rate": args.loop_rate,
+        "loop_updater": args.loop_updater,
+        "loop_policy": args.loop_policy,
         "rates": list(RATES),
         "torch_threads": args.torch_threads,
         "cpus": os.cpu_count(),
@@ -401,6 +464,13 @@ def main() -> None:
     ap.add_argument("--latency-configs", default="passthrough,heuristic,gnn,gnn2")
     ap.add_argument("--backlog", type=int, default=None, help="tasks (default 20000; quick 3000)")
     ap.add_argument("--pace-s", type=float, default=None, help="seconds per offered rate")
+    ap.add_argument("--events", type=int, default=None, help="updater backlog (150000; quick 30k)")
+    ap.add_argument("--loop-decisions", type=int, default=None, help="closed loop (60000; 10k)")
+    ap.add_argument("--loop-rate", type=float, default=1000.0, help="closed loop tasks/s offered")
+    ap.add_argument("--loop-policy", choices=("gnn", "heuristic"), default="gnn",
+                    help="closed loop: the daemon serves the champion, or the fallback")
+    ap.add_argument("--loop-updater", choices=("daemon", "process"), default="daemon",
+                    help="closed loop: the daemon's own updater, or dagsched updater alone")
     ap.add_argument("--served-nodes", default=",".join(map(str, SERVED_NODES)))
     ap.add_argument("--torch-threads", type=int, default=None)
     ap.add_argument("--out", type=Path, default=None)
@@ -410,12 +480,16 @@ def main() -> None:
     args.served_nodes = [int(n) for n in args.served_nodes.split(",") if n]
     if args.quick:
         args.backlog = args.backlog or 3000
+        args.events = args.events or 30_000
+        args.loop_decisions = args.loop_decisions or 10_000
         args.pace_s = args.pace_s or 1.0
         args.latency_configs &= {"gnn", "gnn2"}
         args.served_s, args.served_warmup = 1.0, 30
         args.backlog_timeout, args.drain_timeout = 60.0, 30.0
     else:
         args.backlog = args.backlog or 20_000
+        args.events = args.events or 150_000
+        args.loop_decisions = args.loop_decisions or 60_000
         args.pace_s = args.pace_s or 8.0
         args.served_s, args.served_warmup = 4.0, 200
         args.backlog_timeout, args.drain_timeout = 600.0, 300.0

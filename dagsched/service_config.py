@@ -49,10 +49,18 @@ class DaemonSettings(_Strict):
     metrics_port: int = Field(default=9464, ge=0, le=65535)
     fallback_policy: str = "least_loaded"
     observation_ttl_s: int = Field(default=7 * 24 * 3600, ge=60)
-    # how long a stored decision (and its workflow's DAG and progress) stays in Redis: the
-    # window in which a redelivered task gets the byte-identical decision back. Redis holds
-    # about 1.2 KB per decision for this long (docs/reference/redis.md).
-    decision_ttl_s: int = Field(default=7 * 24 * 3600, ge=60)
+    # the redelivery window: how long a stored decision stays in Redis, so that a redelivered
+    # task_ready gets the byte-identical decision back (a consumer's uncommitted batch, a
+    # replica that died, a job queue asking again, a group rewound: seconds to hours). Redis
+    # holds ~440 B per decision for this long (docs/operations/event-side.md)
+    decision_ttl_s: int = Field(default=3 * 3600, ge=60)
+    # how long a workflow's DAG and progress stay in Redis past its last decision or event:
+    # longer than its longest task runs (a child's task_ready needs the DAG). ~330 B per
+    # decision for this long
+    workflow_ttl_s: int = Field(default=3 * 3600, ge=60)
+    # records per batch of the event updater (one script call each): a larger batch holds
+    # Redis longer (~10 us per event), a smaller one costs more round trips
+    events_batch_max: int = Field(default=2000, ge=1, le=100_000)
     # cap on the decision log kept in Redis for `dagsched explain` (two streams, trimmed to it
     # at every write, oldest first; also trimmed to observation_ttl_s). 0: keep none in Redis
     # (the dagsched.decisionlog topic still carries every record)

@@ -11,15 +11,18 @@ One hash per family, `{prefix}dagsched:hist:{family}`:
 | `c:{i}`, `m:{i}`, `r:{i}` | weight of bucket i of the CPU use, memory peak and runtime ratios |
 | `ctot`, `mtot`, `rtot` | total weight of each histogram |
 
-The ratios and buckets are computed here with `core.history`'s functions; one Lua script adds
-them atomically, so replicas of the updater can share a family, and a marker per attempt
-(`histseen:{wf}/{task}:{attempt}`) makes a redelivered event count once. `stats` reads the
-hashes back into `FamilyStats`, so a policy reads the same numbers as in the simulator.
+The ratios and buckets are computed here (`sample_args`) with `core.history`'s functions, from
+what the task declared as kept with its reservation (`Declared`), never from the workflow; the
+updater's event script adds them atomically with the release of that reservation, so replicas
+of the updater can share a family and a redelivered end event (its reservation gone) counts
+nothing. `stats` reads the hashes back into `FamilyStats`, so a policy reads the same numbers
+as in the simulator.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -33,54 +36,122 @@ from dagsched.core.history import (
     bucket,
     measured_ratios,
 )
-from dagsched.schemas.messages import TaskFailedMsg, TaskFinishedMsg, TaskSpecMsg
+from dagsched.schemas.messages import TaskFailedMsg, TaskFinishedMsg
 
-SEEN_TTL_S = 7 * 24 * 3600
-
-# KEYS: family hash, seen marker.
-# ARGV: kind (done|oom), at, cpu bucket, mem bucket, runtime bucket, runtime ratio,
-#       oom limit ratio, seen ttl, half-life, rescale threshold
-RECORD_LUA = """
-if not redis.call('SET', KEYS[2], '1', 'NX', 'EX', tonumber(ARGV[8])) then return 0 end
-local h = KEYS[1]
-if ARGV[1] == 'oom' then
-  redis.call('HINCRBY', h, 'ooms', 1)
-  redis.call('HSET', h, 'last_oom_s', ARGV[2])
-  local lim = tonumber(redis.call('HGET', h, 'oom_limit') or '0')
-  if tonumber(ARGV[7]) > lim then redis.call('HSET', h, 'oom_limit', ARGV[7]) end
-  return 1
-end
-local at = tonumber(ARGV[2])
-local ref = redis.call('HGET', h, 'ref')
-if ref then ref = tonumber(ref) else
-  redis.call('HSET', h, 'ref', ARGV[2])
-  ref = at
-end
-local w = 2 ^ ((at - ref) / tonumber(ARGV[9]))
-if w > tonumber(ARGV[10]) then
-  local all = redis.call('HGETALL', h)
-  for i = 1, #all, 2 do
-    local f = all[i]
-    if string.match(f, '^[cmr]:') or string.match(f, '^[cmr]tot$') then
-      redis.call('HSET', h, f, tostring(tonumber(all[i + 1]) / w))
-    end
+# Measured samples into families' hashes, as Lua functions the event script calls
+# (`redis_scripts.APPLY_EVENTS_LUA`) for an attempt whose reservation it releases in the same
+# atomic step: the reservation goes with it, so a redelivered end event finds none and counts
+# nothing. A batch reads each family's hash once (`hist_of`), adds its samples in order, and
+# writes the changed fields back once (`hist_flush`); numbers are written with 17 significant
+# digits, which read back as the same doubles, so a batch gives what its events one by one
+# give. `record_sample` arguments: the family's cache, kind (done|oom), at, cpu bucket, mem
+# bucket, runtime bucket, runtime ratio, oom limit ratio, half-life, rescale threshold.
+RECORD_FN = """
+local hists = {}
+local function hist_of(key)
+  local c = hists[key]
+  if not c then
+    local all = redis.call('HGETALL', key)
+    c = {key = key, f = {}, dirty = {}}
+    for i = 1, #all, 2 do c.f[all[i]] = all[i + 1] end
+    hists[#hists + 1] = c
+    hists[key] = c
   end
-  redis.call('HSET', h, 'ref', ARGV[2])
-  w = 1
+  return c
 end
-local ws = tostring(w)
-redis.call('HINCRBYFLOAT', h, 'c:' .. ARGV[3], ws)
-redis.call('HINCRBYFLOAT', h, 'm:' .. ARGV[4], ws)
-redis.call('HINCRBYFLOAT', h, 'r:' .. ARGV[5], ws)
-redis.call('HINCRBYFLOAT', h, 'ctot', ws)
-redis.call('HINCRBYFLOAT', h, 'mtot', ws)
-redis.call('HINCRBYFLOAT', h, 'rtot', ws)
-redis.call('HINCRBY', h, 'count', 1)
-local n = tonumber(redis.call('HGET', h, 'nrt') or '0')
-if n >= 1 then redis.call('HSET', h, 'rt1', redis.call('HGET', h, 'rt2')) end
-redis.call('HSET', h, 'rt2', ARGV[6], 'nrt', math.min(n + 1, 2))
-return 1
+local function hset(c, k, v)
+  c.f[k] = v
+  c.dirty[k] = true
+end
+local function hadd(c, k, x)
+  hset(c, k, string.format('%.17g', (tonumber(c.f[k]) or 0) + x))
+end
+local function record_sample(c, kind, at_s, cb, mb, rb, rt, lim, half, rescale)
+  if kind == 'oom' then
+    hset(c, 'ooms', string.format('%d', (tonumber(c.f['ooms']) or 0) + 1))
+    hset(c, 'last_oom_s', at_s)
+    if tonumber(lim) > (tonumber(c.f['oom_limit']) or 0) then hset(c, 'oom_limit', lim) end
+    return
+  end
+  local at = tonumber(at_s)
+  local ref = tonumber(c.f['ref'])
+  if not ref then
+    hset(c, 'ref', at_s)
+    ref = at
+  end
+  local w = 2 ^ ((at - ref) / tonumber(half))
+  if w > tonumber(rescale) then
+    for f, v in pairs(c.f) do
+      if string.match(f, '^[cmr]:') or string.match(f, '^[cmr]tot$') then
+        hset(c, f, string.format('%.17g', tonumber(v) / w))
+      end
+    end
+    hset(c, 'ref', at_s)
+    w = 1
+  end
+  w = tonumber(tostring(w))
+  hadd(c, 'c:' .. cb, w)
+  hadd(c, 'm:' .. mb, w)
+  hadd(c, 'r:' .. rb, w)
+  hadd(c, 'ctot', w)
+  hadd(c, 'mtot', w)
+  hadd(c, 'rtot', w)
+  hset(c, 'count', string.format('%d', (tonumber(c.f['count']) or 0) + 1))
+  local n = tonumber(c.f['nrt']) or 0
+  if n >= 1 then hset(c, 'rt1', c.f['rt2']) end
+  hset(c, 'rt2', rt)
+  hset(c, 'nrt', string.format('%d', math.min(n + 1, 2)))
+end
+local function hist_flush()
+  for _, c in ipairs(hists) do
+    local args = {}
+    for k in pairs(c.dirty) do
+      args[#args + 1] = k
+      args[#args + 1] = c.f[k]
+    end
+    if #args > 0 then redis.call('HSET', c.key, unpack(args)) end
+  end
+end
 """
+HISTORY_ARGS = (repr(HALF_LIFE_S), repr(RESCALE_AT))  # the function's last two arguments
+
+
+@dataclass(frozen=True, slots=True)
+class Declared:
+    """What a task declared, kept with its reservation so that the updater learns from the
+    attempt's end without reading the workflow: its family, type and requests."""
+
+    family: str
+    type: str  # a `TASK_TYPE_NAMES` name
+    cpu_cores: float
+    mem_gb: float
+    duration_s: float
+
+
+def sample_args(
+    msg: TaskFinishedMsg | TaskFailedMsg,
+    declared: Declared,
+    node_kind: str,
+    speed: dict[str, dict[str, float]],
+) -> list[str] | None:
+    """`record_sample`'s arguments after the key (kind .. oom limit) for one attempt's end
+    event, computed with `core.history`'s functions; None when it tells nothing (a failure
+    other than an OOM kill)."""
+    if isinstance(msg, TaskFailedMsg):
+        if msg.reason != "oom":
+            return None
+        return ["oom", repr(msg.at), "0", "0", "0", "0", repr(msg.peak_mem_gb / declared.mem_gb)]
+    m = measured_ratios(
+        declared.duration_s,
+        declared.cpu_cores,
+        declared.mem_gb,
+        speed.get(node_kind, {}).get(declared.type, 1.0),
+        msg.runtime_s,
+        msg.cpu_core_s,
+        msg.peak_mem_gb,
+    )
+    return ["done", repr(msg.at), str(bucket(m.cpu)), str(bucket(m.mem)), str(bucket(m.runtime)),
+            repr(m.runtime), "0"]  # fmt: skip
 
 
 # Every family's hash in one reply: a line per family (ARGV after the key prefix), its fields
@@ -106,35 +177,7 @@ class RedisHistory:
         self.redis = redis
         self.key = key
         self.speed = speed
-        self._record = redis.register_script(RECORD_LUA)
         self._stats = redis.register_script(STATS_LUA)
-
-    async def record(
-        self, msg: TaskFinishedMsg | TaskFailedMsg, spec: TaskSpecMsg, node_kind: str
-    ) -> bool:
-        """Count one attempt's end event; False when it was counted before (or tells
-        nothing: a failure other than an OOM kill)."""
-        family = spec.family or spec.name
-        seen = self.key("histseen", f"{msg.workflow_id}/{msg.task}:{msg.attempt}")
-        args: list[str | int | float]
-        if isinstance(msg, TaskFailedMsg):
-            if msg.reason != "oom":
-                return False
-            args = ["oom", repr(msg.at), 0, 0, 0, 0, repr(msg.peak_mem_gb / spec.mem_gb)]
-        else:
-            m = measured_ratios(
-                spec.duration_s,
-                spec.cpu_cores,
-                spec.mem_gb,
-                self.speed.get(node_kind, {}).get(spec.type, 1.0),
-                msg.runtime_s,
-                msg.cpu_core_s,
-                msg.peak_mem_gb,
-            )
-            args = ["done", repr(msg.at), bucket(m.cpu), bucket(m.mem), bucket(m.runtime),
-                    repr(m.runtime), 0]  # fmt: skip
-        args += [SEEN_TTL_S, repr(HALF_LIFE_S), repr(RESCALE_AT)]
-        return bool(await self._record(keys=[self.key("hist", family), seen], args=args))
 
     async def stats(self, families: Sequence[str], client: Any = None) -> dict[str, FamilyStats]:
         """What history knows of each of `families` (absent: never observed), in one script

@@ -78,6 +78,16 @@ class DaemonMetrics:
         self.events = Counter(
             "dagsched_events_applied", "dagsched.events messages applied to Redis", registry=r
         )
+        self.event_batches = Counter(
+            "dagsched_event_batches",
+            "batches of dagsched.events applied to Redis (one script call each)",
+            registry=r,
+        )
+        self.events_behind = Gauge(
+            "dagsched_events_behind_seconds",
+            "age of the oldest event of the last batch applied, from its record timestamp",
+            registry=r,
+        )
         self.stale_views = Counter(
             "dagsched_stale_views_total",
             "batches decided on a view older than the request (daemon.view_wait_ms ran out)",

@@ -24,10 +24,11 @@ from dagsched.core.bounds import clamp_placement
 from dagsched.core.history import FamilySummary
 from dagsched.core.scheduler import Placement, Scheduler
 from dagsched.core.view import ClusterView, TaskView
-from dagsched.core.workflow import Workflow, downward_finish_s
+from dagsched.core.workflow import TASK_TYPE_NAMES, Workflow, downward_finish_s
 from dagsched.daemon import encoding
 from dagsched.daemon.arms import Models
 from dagsched.daemon.call_log import Logged, PolicyCall, Trace, snapshot
+from dagsched.daemon.history_store import Declared
 from dagsched.daemon.metrics import DaemonMetrics
 from dagsched.daemon.redis_state import Reservation
 from dagsched.daemon.state_store import Progress, StateStore
@@ -229,6 +230,8 @@ class Placer:
                     float(p.priority) if math.isfinite(p.priority) else 0.0,
                 )
                 speed = float(view.speed[node][spec.type])
+                declared = Declared(spec.family, TASK_TYPE_NAMES[spec.type], spec.cpu_cores,
+                                    spec.mem_gb, spec.duration_s)  # fmt: skip
                 res = Reservation(
                     task_key=key[0],
                     attempt=key[1],
@@ -238,6 +241,7 @@ class Placer:
                     core_s=float(cores * spec.duration_s / max(speed, 1e-9)),
                     decision=decision,
                     fits=fits,
+                    declared=declared,
                 )
                 planned.append((key, arm, call, call.add(m, tv, p, trace)))
                 reservations.append((res, queue_all or not fits))

@@ -2,23 +2,31 @@
 the daemon and the updater can share one Redis without races (see that module's key table).
 """
 
+from dagsched.daemon.history_store import RECORD_FN
+
 # All reservations of one batch round, in order, atomically (one EVALSHA per round).
-# ARGV: ttl, key prefix, then the entries as one string: a line each, its fields separated by
+# ARGV: ttl, key prefix, the entries as one string (below), workflow ttl. An entry is a line,
+# its fields separated by
 # tabs: task key "{wf}/{task}", attempt, node id, cores, mem, est core-s, mode (fit | queue |
-# force), and last the decision JSON (JSON has no raw newline). One argument and one reply
-# string instead of twelve arguments and two replies per entry: redis-py packs and parses
-# each in pure Python, which cost more than the script itself.
+# force), what the task declared (family, escaped: no tab or newline; type; cpu; mem;
+# duration; all empty when unknown), and last the decision JSON (JSON has no raw newline).
+# The declared fields go into the ledger entry: the updater learns from them when the attempt
+# ends. A stored decision refreshes its workflow's keys' TTL (`wf`, `wfactive`): a workflow's
+# keys live the workflow ttl past its last decision (or event), however long it runs.
+# One argument and one reply string instead of a dozen arguments and two replies per entry:
+# redis-py packs and parses each in pure Python, which cost more than the script itself.
 # Returns {statuses, winner...}: one letter per entry (r reserved, q queued, d dup, x dead,
 # n nofit), then the stored decision of each dup, in order.
 # An entry sees the earlier entries' reservations, as the planner's view did.
 DECIDE_LUA = """
-local ttl, p, blob = tonumber(ARGV[1]), ARGV[2], ARGV[3]
-local statuses, out = {}, {''}
+local ttl, p, blob, wf_ttl = tonumber(ARGV[1]), ARGV[2], ARGV[3], tonumber(ARGV[4])
+local statuses, out, touched = {}, {''}, {}
 local pos, n = 1, #blob
+local pat = '^' .. string.rep('([^\\t]*)\\t', 12) .. '(.*)$'
 while pos <= n do
   local e = string.find(blob, '\\n', pos, true) or (n + 1)
-  local tk, att, nid, cs, ms, qs, mode, decision = string.match(string.sub(blob, pos, e - 1),
-    '^([^\\t]*)\\t([^\\t]*)\\t([^\\t]*)\\t([^\\t]*)\\t([^\\t]*)\\t([^\\t]*)\\t([^\\t]*)\\t(.*)$')
+  local tk, att, nid, cs, ms, qs, mode, fam, ty, dc, dm, dd, decision =
+    string.match(string.sub(blob, pos, e - 1), pat)
   pos = e + 1
   local wf, idx = string.match(tk, '^(.*)/([^/]*)$')
   local dec, node = p .. 'dec:' .. tk .. ':' .. att, p .. 'node:' .. nid
@@ -55,12 +63,22 @@ while pos <= n do
       end
       if status ~= 'n' then
         redis.call('SET', dec, decision, 'EX', ttl)
-        redis.call('HSET', led, 'node', nid, 'cores', cs, 'mem', ms, 'core_s', qs,
-                   'state', status)
+        if fam ~= '' then
+          redis.call('HSET', led, 'node', nid, 'cores', cs, 'mem', ms, 'core_s', qs,
+                     'state', status, 'fam', fam, 'ty', ty, 'dc', dc, 'dm', dm, 'dd', dd)
+        else
+          redis.call('HSET', led, 'node', nid, 'cores', cs, 'mem', ms, 'core_s', qs,
+                     'state', status)
+        end
         redis.call('SADD', p .. 'nodeled:' .. nid, led)
         redis.call('SADD', wfactive, idx)
       end
     end
+  end
+  if (status == 'r' or status == 'q') and not touched[wf] then
+    touched[wf] = true
+    redis.call('EXPIRE', p .. 'wf:' .. wf, wf_ttl)
+    redis.call('EXPIRE', wfactive, wf_ttl)
   end
   statuses[#statuses + 1] = status
 end
@@ -86,54 +104,6 @@ end
 out[1] = table.concat(found)
 return out
 """
-
-# KEYS: ledger, node hash, nodeled. ARGV: 'start' | 'end'
-LEDGER_LUA = """
-local st = redis.call('HGET', KEYS[1], 'state')
-if not st then return 0 end
-local c = tonumber(redis.call('HGET', KEYS[1], 'cores'))
-local m = tonumber(redis.call('HGET', KEYS[1], 'mem'))
-local cs = tonumber(redis.call('HGET', KEYS[1], 'core_s'))
-if ARGV[1] == 'start' then
-  if st == 'q' then
-    redis.call('HINCRBY', KEYS[2], 'queue_len', -1)
-    redis.call('HINCRBYFLOAT', KEYS[2], 'queued_core_s', -cs)
-    redis.call('HINCRBYFLOAT', KEYS[2], 'free_cores', -c)
-    redis.call('HINCRBYFLOAT', KEYS[2], 'free_mem', -m)
-    redis.call('HSET', KEYS[1], 'state', 'r')
-  end
-  return 1
-end
-if st == 'r' then
-  redis.call('HINCRBYFLOAT', KEYS[2], 'free_cores', c)
-  redis.call('HINCRBYFLOAT', KEYS[2], 'free_mem', m)
-else
-  redis.call('HINCRBY', KEYS[2], 'queue_len', -1)
-  redis.call('HINCRBYFLOAT', KEYS[2], 'queued_core_s', -cs)
-end
-redis.call('DEL', KEYS[1])
-redis.call('SREM', KEYS[3], KEYS[1])
-return 1
-"""
-
-# KEYS: node hash, nodeled. ARGV: alive (0|1). A node that goes down or comes back is empty.
-RESET_NODE_LUA = """
-local led = redis.call('SMEMBERS', KEYS[2])
-for _, k in ipairs(led) do redis.call('DEL', k) end
-redis.call('DEL', KEYS[2])
-local cores = redis.call('HGET', KEYS[1], 'cores')
-if not cores then return 0 end
-redis.call('HSET', KEYS[1], 'alive', ARGV[1], 'free_cores', cores,
-           'free_mem', redis.call('HGET', KEYS[1], 'mem_gb'), 'queue_len', 0, 'queued_core_s', 0)
-return 1
-"""
-
-MAX_CLOCK_LUA = """
-local cur = tonumber(redis.call('GET', KEYS[1]) or '0')
-if tonumber(ARGV[1]) > cur then redis.call('SET', KEYS[1], ARGV[1]) end
-return 1
-"""
-
 
 # The decision log: per record, the same id in both streams (the small one is what
 # `dagsched explain` searches). KEYS: keys stream, records stream.
@@ -188,4 +158,149 @@ for i = 2, #ARGV do
     '\t' .. table.concat(pairs_, ',')
 end
 return table.concat(out, '\n')
+"""
+
+
+# What the updater learns from, for a batch's end events (read before the batch is applied).
+# ARGV: key prefix, then "{wf}/{task}:{attempt}" per end event as one newline-separated
+# string. Returns a line per event: the ledger entry's declared fields (family, type, cpu,
+# mem, duration) and its node's kind, separated by tabs; an empty line when the attempt holds
+# no ledger entry (ended before, or never reserved) or one without declared fields.
+LEDGER_INFO_LUA = r"""
+local p, out = ARGV[1], {}
+for k in string.gmatch(ARGV[2], '[^\n]+') do
+  local h = redis.call('HMGET', p .. 'led:' .. k, 'fam', 'ty', 'dc', 'dm', 'dd', 'node')
+  if h[1] and h[6] then
+    local kind = redis.call('HGET', p .. 'node:' .. h[6], 'kind') or 'cpu'
+    out[#out + 1] = h[1] .. '\t' .. h[2] .. '\t' .. h[3] .. '\t' .. h[4] .. '\t' .. h[5] ..
+      '\t' .. kind
+  else
+    out[#out + 1] = ''
+  end
+end
+return table.concat(out, '\n')
+"""
+
+# A batch of `dagsched.events`, in order, atomically (`daemon.event_apply`).
+# ARGV: key prefix, ttl of the workflows' keys (refreshed), half-life, rescale threshold, the
+# batch's latest event time ('' for none), the events as one string, then the families that
+# the end lines name by position (raw: any bytes). A line per event, fields separated by tabs:
+#   h node at kind zone cores mem_gb gpu_mem_gb net_gbps used_cores used_mem_gb queue_len
+#     net_in_bytes failure_rate slowdown      a heartbeat
+#   d node at | u node at                     the node went down | came back, empty
+#   s wf task attempt node                    an attempt started
+#   e wf task attempt node done [family# kind at cpu_b mem_b rt_b rt_ratio oom_limit]
+#                                             an attempt ended (done 1: finished), and what
+#                                             history learns from it
+# Each is idempotent: an end releases its ledger entry and learns only if the entry is there
+# (then deletes it); a start moves a queued entry to reserved; a node reset or a heartbeat
+# older than the node's last reset (or a heartbeat older than the last one) changes nothing.
+APPLY_EVENTS_LUA = RECORD_FN + r"""
+local p, ttl, half, rescale, clock, blob = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4],
+  ARGV[5], ARGV[6]
+local touched, wfs = {}, {}
+local function split(line)
+  local t, pos = {}, 1
+  while true do
+    local e = string.find(line, '\t', pos, true)
+    if not e then
+      t[#t + 1] = string.sub(line, pos)
+      return t
+    end
+    t[#t + 1] = string.sub(line, pos, e - 1)
+    pos = e + 1
+  end
+end
+local function touch(wf)
+  if not touched[wf] then
+    touched[wf] = true
+    wfs[#wfs + 1] = wf
+  end
+end
+local pos, n = 1, #blob
+while pos <= n do
+  local e = string.find(blob, '\n', pos, true) or (n + 1)
+  local f = split(string.sub(blob, pos, e - 1))
+  pos = e + 1
+  local op = f[1]
+  if op == 'h' then
+    local key, at = p .. 'node:' .. f[2], tonumber(f[3])
+    local cur = redis.call('HMGET', key, 'seen_at', 'reset_at', 'free_cores')
+    if (tonumber(cur[1]) or at) <= at and (tonumber(cur[2]) or at) <= at then
+      redis.call('HSET', key, 'kind', f[4], 'zone', f[5], 'cores', f[6], 'mem_gb', f[7],
+        'gpu_mem_gb', f[8], 'net_gbps', f[9], 'alive', '1', 'seen_at', f[3],
+        'used_cores', f[10], 'used_mem_gb', f[11], 'reported_queue_len', f[12],
+        'net_in_bytes', f[13], 'failure_rate', f[14], 'slowdown', f[15])
+      if not cur[3] then
+        -- a node first heard of: the ledger starts full; later heartbeats never overwrite it
+        redis.call('SADD', p .. 'nodes', f[2])
+        redis.call('HSET', key, 'free_cores', f[6], 'free_mem', f[7], 'queue_len', '0',
+          'queued_core_s', '0')
+      end
+    end
+  elseif op == 'd' or op == 'u' then
+    local key, nodeled = p .. 'node:' .. f[2], p .. 'nodeled:' .. f[2]
+    local alive, at = (op == 'u') and '1' or '0', tonumber(f[3])
+    local cur = redis.call('HMGET', key, 'reset_at', 'alive', 'cores', 'mem_gb')
+    local last = tonumber(cur[1])
+    if not (last and (at < last or (at == last and cur[2] == alive))) then
+      for _, k in ipairs(redis.call('SMEMBERS', nodeled)) do redis.call('DEL', k) end
+      redis.call('DEL', nodeled)
+      if cur[3] then
+        redis.call('HSET', key, 'alive', alive, 'free_cores', cur[3], 'free_mem', cur[4],
+          'queue_len', '0', 'queued_core_s', '0', 'reset_at', f[3])
+      end
+    end
+  elseif op == 's' then
+    local wf = f[2]
+    local led = p .. 'led:' .. wf .. '/' .. f[3] .. ':' .. f[4]
+    local h = redis.call('HMGET', led, 'state', 'node', 'cores', 'mem', 'core_s')
+    if h[1] == 'q' then
+      local node = p .. 'node:' .. h[2]
+      redis.call('HINCRBY', node, 'queue_len', -1)
+      redis.call('HINCRBYFLOAT', node, 'queued_core_s', -tonumber(h[5]))
+      redis.call('HINCRBYFLOAT', node, 'free_cores', -tonumber(h[3]))
+      redis.call('HINCRBYFLOAT', node, 'free_mem', -tonumber(h[4]))
+      redis.call('HSET', led, 'state', 'r')
+    end
+    redis.call('HSET', p .. 'wfnode:' .. wf, f[3], f[5])
+    touch(wf)
+  elseif op == 'e' then
+    local wf = f[2]
+    local led = p .. 'led:' .. wf .. '/' .. f[3] .. ':' .. f[4]
+    local h = redis.call('HMGET', led, 'state', 'node', 'cores', 'mem', 'core_s')
+    if h[1] then
+      local node = p .. 'node:' .. h[2]
+      if h[1] == 'r' then
+        redis.call('HINCRBYFLOAT', node, 'free_cores', tonumber(h[3]))
+        redis.call('HINCRBYFLOAT', node, 'free_mem', tonumber(h[4]))
+      else
+        redis.call('HINCRBY', node, 'queue_len', -1)
+        redis.call('HINCRBYFLOAT', node, 'queued_core_s', -tonumber(h[5]))
+      end
+      redis.call('DEL', led)
+      redis.call('SREM', p .. 'nodeled:' .. h[2], led)
+      if f[7] then
+        record_sample(hist_of(p .. 'hist:' .. ARGV[6 + tonumber(f[7])]), f[8], f[9], f[10],
+          f[11], f[12], f[13], f[14], half, rescale)
+      end
+    end
+    if f[6] == '1' then redis.call('SADD', p .. 'wfdone:' .. wf, f[3]) end
+    redis.call('SREM', p .. 'wfactive:' .. wf, f[3])
+    touch(wf)
+  else
+    return redis.error_reply('unknown event line ' .. op)
+  end
+end
+hist_flush()
+for _, wf in ipairs(wfs) do
+  for _, s in ipairs({'wf:', 'wfnode:', 'wfdone:', 'wfactive:'}) do
+    redis.call('EXPIRE', p .. s .. wf, ttl)
+  end
+end
+if clock ~= '' then
+  local cur = tonumber(redis.call('GET', p .. 'clock') or '0')
+  if tonumber(clock) > cur then redis.call('SET', p .. 'clock', clock) end
+end
+return #wfs
 """

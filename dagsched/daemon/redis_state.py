@@ -5,23 +5,24 @@ Every key starts with `{topic_prefix}dagsched:` so two stacks can share one Redi
 | key | type | holds |
 |---|---|---|
 | `nodes` | set | node ids seen in heartbeats |
-| `node:{id}` | hash | static shape, telemetry, `alive`, and the reservation ledger's `free_cores`, `free_mem`, `queue_len`, `queued_core_s` |
-| `led:{wf}/{task}:{attempt}` | hash | one placement: node, cores, mem, est. core-s, state `r` (holds a reservation) or `q` (waits in the node's queue) |
+| `node:{id}` | hash | static shape, telemetry, `alive`, `seen_at` (last heartbeat), `reset_at` (last down or up), and the reservation ledger's `free_cores`, `free_mem`, `queue_len`, `queued_core_s` |
+| `led:{wf}/{task}:{attempt}` | hash | one placement while its attempt lives: node, cores, mem, est. core-s, state `r` (holds a reservation) or `q` (waits in the node's queue), and what the task declared (`fam`, `ty`, `dc`, `dm`, `dd`: family, type, cpu, mem, duration) for history; deleted when the attempt ends or its node goes down |
 | `nodeled:{id}` | set | ledger keys on a node (dropped when it goes down) |
-| `dec:{wf}/{task}:{attempt}` | string | the decision's JSON, written once (SET NX semantics) |
+| `dec:{wf}/{task}:{attempt}` | string | the decision's JSON, written once (SET NX semantics), for `daemon.decision_ttl_s` (the redelivery window) |
 | `declog:keys`, `declog:recs` | streams | the decision log: per policy call, the keys of its new decisions, and its `decision_batch` record (zlib), under the same stream id; capped by `daemon.decision_log_max_mb` and `observation_ttl_s` |
-| `wf:{id}` | string | the workflow message JSON |
-| `wfdone:{id}`, `wfactive:{id}` | sets | task indices done / decided and not done |
+| `wf:{id}` | string | the workflow message JSON, until `daemon.workflow_ttl_s` after its last decision or event |
+| `wfdone:{id}`, `wfactive:{id}` | sets | task indices done / decided and not done (TTL as `wf`, and `wfnode`) |
 | `wfnode:{id}` | hash | task index -> node id of its latest started attempt |
 | `clock` | string | latest event time (job-queue clock) |
-| `hist:{family}`, `histseen:...` | hash, string | per-family history of measured outcomes (`daemon.history_store`) |
+| `hist:{family}` | hash | per-family history of measured outcomes (`daemon.history_store`) |
 
 A decision, its reservation and its ledger entry are written by one Lua script, so two
 replicas racing on the same task converge on one decision (the loser gets the winner's), and
 two replicas racing on one node never reserve more than it has: a task that does not fit is
 queued on the node (as the executor would queue it), not over-reserved. One call of the script
 takes a whole batch round's reservations in order (one round trip per round, not per task);
-being atomic, it interleaves with another replica's call only between rounds.
+being atomic, it interleaves with another replica's call only between rounds. The updater
+applies `dagsched.events` a batch per script call the same way (`daemon.event_apply`).
 """  # noqa: E501
 
 from __future__ import annotations
@@ -39,26 +40,15 @@ from redis.backoff import NoBackoff
 from dagsched.core.history import FamilyStats
 from dagsched.core.view import NODE_KINDS, ClusterView
 from dagsched.core.workflow import TASK_TYPE_NAMES
-from dagsched.daemon.history_store import RedisHistory, parse_stats
+from dagsched.daemon.event_apply import EventApplier, declared_fields
+from dagsched.daemon.history_store import Declared, RedisHistory, parse_stats
 from dagsched.daemon.redis_scripts import (
     DECIDE_LUA,
-    LEDGER_LUA,
     LOG_LUA,
-    MAX_CLOCK_LUA,
     PROGRESS_LUA,
-    RESET_NODE_LUA,
     STORED_LUA,
     VIEW_FIELDS,
     VIEW_LUA,
-)
-from dagsched.schemas.messages import (
-    NodeDownMsg,
-    NodeHeartbeatMsg,
-    NodeUpMsg,
-    TaskFailedMsg,
-    TaskFinishedMsg,
-    TaskStartedMsg,
-    WorkflowMsg,
 )
 from dagsched.settings import Settings
 
@@ -89,6 +79,7 @@ class Reservation:
     core_s: float
     decision: bytes
     fits: bool  # the planner saw it fit; if Redis disagrees, re-plan instead of queueing
+    declared: Declared | None = None  # kept in the ledger entry: what history learns from
 
 
 class RedisState:
@@ -99,9 +90,6 @@ class RedisState:
         self.settings = settings
         self.prefix = f"{settings.topic_prefix}dagsched:"
         self._decide = redis.register_script(DECIDE_LUA)
-        self._ledger = redis.register_script(LEDGER_LUA)
-        self._reset = redis.register_script(RESET_NODE_LUA)
-        self._clock = redis.register_script(MAX_CLOCK_LUA)
         self._log = redis.register_script(LOG_LUA)
         self._view = redis.register_script(VIEW_LUA)
         self._progress = redis.register_script(PROGRESS_LUA)
@@ -109,6 +97,9 @@ class RedisState:
         self._log_entry_bytes = 0.0  # what one decision-log entry costs in Redis, both streams
         self._log_writes = 0
         self.history = RedisHistory(redis, self.key, settings.sim.cluster.speed)
+        self.events = EventApplier(
+            redis, self.prefix, settings.daemon.workflow_ttl_s, settings.sim.cluster.speed
+        )
 
     def key(self, *parts: str) -> str:
         return self.prefix + ":".join(parts)
@@ -184,9 +175,11 @@ class RedisState:
             if b"\n" in r.decision:  # JSON has none; the script splits entries on it
                 raise ValueError("a decision with a raw newline")
             head = f"{r.task_key}\t{r.attempt}\t{r.node}\t{r.cores!r}\t{r.mem!r}\t{r.core_s!r}"
-            lines.append(f"{head}\t{mode}\t".encode() + r.decision)
-        ttl = self.settings.daemon.decision_ttl_s
-        statuses, *winners = await self._decide(args=[ttl, self.prefix, b"\n".join(lines)])
+            lines.append(f"{head}\t{mode}\t{declared_fields(r.declared)}\t".encode() + r.decision)
+        cfg = self.settings.daemon
+        statuses, *winners = await self._decide(
+            args=[cfg.decision_ttl_s, self.prefix, b"\n".join(lines), cfg.workflow_ttl_s]
+        )
         it = iter(winners)
         return [
             ("dup", _bytes(next(it))) if c == "d" else (_STATUS[c], None) for c in _str(statuses)
@@ -200,7 +193,7 @@ class RedisState:
             return
         pipe = self.redis.pipeline(transaction=False)
         for wf_id, raw in items:
-            pipe.set(self.key("wf", wf_id), raw, ex=self.settings.daemon.decision_ttl_s)
+            pipe.set(self.key("wf", wf_id), raw, ex=self.settings.daemon.workflow_ttl_s)
         await pipe.execute()
 
     async def get_workflows(self, ids: Sequence[str]) -> list[bytes | None]:
@@ -260,77 +253,12 @@ class RedisState:
 
     async def apply_event(self, msg: Any) -> None:
         """Apply one `dagsched.events` message (idempotent: a redelivery changes nothing)."""
-        if isinstance(msg, NodeHeartbeatMsg):
-            await self._heartbeat(msg)
-        elif isinstance(msg, NodeDownMsg | NodeUpMsg):
-            alive = "1" if isinstance(msg, NodeUpMsg) else "0"
-            await self._reset(
-                keys=[self.key("node", msg.node), self.key("nodeled", msg.node)], args=[alive]
-            )
-        elif isinstance(msg, TaskStartedMsg | TaskFinishedMsg | TaskFailedMsg):
-            task_key = f"{msg.workflow_id}/{msg.task}"
-            keys = [
-                self.key("led", f"{task_key}:{msg.attempt}"),
-                self.key("node", msg.node),
-                self.key("nodeled", msg.node),
-            ]
-            started = isinstance(msg, TaskStartedMsg)
-            await self._ledger(keys=keys, args=["start" if started else "end"])
-            pipe = self.redis.pipeline(transaction=False)
-            if started:
-                pipe.hset(self.key("wfnode", msg.workflow_id), str(msg.task), msg.node)
-            elif isinstance(msg, TaskFinishedMsg):
-                pipe.sadd(self.key("wfdone", msg.workflow_id), str(msg.task))
-                pipe.srem(self.key("wfactive", msg.workflow_id), str(msg.task))
-            else:
-                pipe.srem(self.key("wfactive", msg.workflow_id), str(msg.task))
-            for suffix in ("wfnode", "wfdone", "wfactive"):
-                pipe.expire(self.key(suffix, msg.workflow_id), self.settings.daemon.decision_ttl_s)
-            if not started:
-                pipe.get(self.key("wf", msg.workflow_id))
-                pipe.hget(self.key("node", msg.node), "kind")
-            res = await pipe.execute()
-            if not isinstance(msg, TaskStartedMsg) and res[-2] is not None:
-                await self._learn(msg, res[-2], _str(res[-1] or b"cpu"))
-        else:
-            raise TypeError(f"not an event: {type(msg).__name__}")
-        await self._clock(keys=[self.key("clock")], args=[repr(float(msg.at))])
+        await self.events.apply([msg])
 
-    async def _learn(self, msg: TaskFinishedMsg | TaskFailedMsg, wf_raw: bytes, kind: str) -> None:
-        """Feed the family history with what the attempt measurably used."""
-        tasks = WorkflowMsg.model_validate_json(wf_raw).tasks
-        if msg.task < len(tasks):
-            await self.history.record(msg, tasks[msg.task], kind)
-
-    async def _heartbeat(self, msg: NodeHeartbeatMsg) -> None:
-        key = self.key("node", msg.node)
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.sadd(self.key("nodes"), msg.node)
-        pipe.hset(
-            key,
-            mapping={
-                "kind": msg.kind,
-                "zone": msg.zone,
-                "cores": repr(msg.cores),
-                "mem_gb": repr(msg.mem_gb),
-                "gpu_mem_gb": repr(msg.gpu_mem_gb),
-                "net_gbps": repr(msg.net_gbps),
-                "alive": 1,
-                "seen_at": repr(msg.at),
-                "used_cores": repr(msg.used_cores),
-                "used_mem_gb": repr(msg.used_mem_gb),
-                "reported_queue_len": msg.queue_len,
-                "net_in_bytes": repr(msg.net_in_bytes),
-                "failure_rate": repr(msg.failure_rate),
-                "slowdown": repr(msg.slowdown),
-            },
-        )
-        # the ledger starts full; later heartbeats never overwrite it
-        pipe.hsetnx(key, "free_cores", repr(msg.cores))
-        pipe.hsetnx(key, "free_mem", repr(msg.mem_gb))
-        pipe.hsetnx(key, "queue_len", 0)
-        pipe.hsetnx(key, "queued_core_s", 0)
-        await pipe.execute()
+    async def apply_events(self, msgs: Sequence[Any]) -> None:
+        """Apply a batch of events in order, in two round trips whatever its size, with the
+        same result as applying them one by one (`daemon.event_apply`)."""
+        await self.events.apply(msgs)
 
     async def ledger(self, node: str) -> list[dict[str, str]]:
         """The ledger entries on `node` (for tests and audits)."""

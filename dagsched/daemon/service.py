@@ -154,6 +154,11 @@ class Daemon:
             await self._start_kafka(producer, "producer")
             consumer.subscribe([s.topic("tasks")], listener=_Listener(self))
             await self._start_kafka(consumer, "consumer")
+            if self.run_updater:  # first: events are applied while a model loads
+                self.updater = Updater(
+                    s, self.rs, producer, self.metrics, consumer_options=self.consumer_options
+                )
+                tasks.append(asyncio.create_task(self.updater.run(self.stop_event)))
             if self.registry:
                 tasks.append(asyncio.create_task(self.models.watch(self.stop_event, self.redis)))
                 # serve the champion from the first batch when the registry answers in time;
@@ -163,11 +168,6 @@ class Daemon:
                 self.models.swap()
             await self.models.warm_fallback()
             self.warm = True
-            if self.run_updater:
-                self.updater = Updater(
-                    s, self.rs, producer, self.metrics, consumer_options=self.consumer_options
-                )
-                tasks.append(asyncio.create_task(self.updater.run(self.stop_event)))
             if self.batches.freeze_gc:
                 gc.collect()
                 gc.freeze()  # see BatchLoop.freeze_gc

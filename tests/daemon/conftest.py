@@ -308,14 +308,17 @@ async def start_daemon(settings: Settings) -> AsyncIterator[Callable[..., Any]]:
             await r.stop()
 
 
-async def committed_offsets(settings: Settings, topic: str = "tasks") -> dict[int, int]:
-    """The daemon group's committed offset per partition of `topic` (0 when none)."""
+async def committed_offsets(
+    settings: Settings, topic: str = "tasks", group_suffix: str = ""
+) -> dict[int, int]:
+    """The daemon group's committed offset per partition of `topic` (0 when none);
+    `group_suffix` names another group of the daemon's (the updater's: "-updater")."""
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
     await admin.start()
     try:
         tps = [TopicPartition(settings.topic(topic), p) for p in range(settings.topics.partitions)]
         offs = await admin.list_consumer_group_offsets(
-            settings.topic_prefix + settings.daemon.group_id, partitions=tps
+            settings.topic_prefix + settings.daemon.group_id + group_suffix, partitions=tps
         )
         return {tp.partition: max(0, offs[tp].offset) if tp in offs else 0 for tp in tps}
     finally:

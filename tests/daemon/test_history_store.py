@@ -1,4 +1,5 @@
-"""The daemon's history in Redis holds the simulator's numbers for the same events."""
+"""The daemon's history in Redis holds the simulator's numbers for the same events, learnt
+from what each task declared as kept with its reservation (no workflow is stored)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import pytest
 
 from dagsched.core.history import summarize
 from dagsched.core.observation import observe
-from dagsched.core.wire import to_message
-from dagsched.daemon.redis_state import RedisState
+from dagsched.core.workflow import TASK_TYPE_NAMES, Workflow
+from dagsched.daemon.history_store import Declared
+from dagsched.daemon.redis_state import RedisState, Reservation
 from dagsched.schemas.messages import NodeHeartbeatMsg, TaskFailedMsg, TaskFinishedMsg
 from dagsched.settings import Settings
 from dagsched.sim.config import ScenarioConfig
@@ -28,6 +30,23 @@ def _small(settings: Settings, workflows: int, size: tuple[int, int]) -> Scenari
 
 def _event(r: AttemptRecord, node: str) -> TaskFinishedMsg | TaskFailedMsg:
     return end_message(r, node)
+
+
+async def _reserve(
+    rstate: RedisState, records: list[AttemptRecord], wfs: dict[str, Workflow], ids: list[str]
+) -> None:
+    """Each attempt's decision and reservation, as the daemon stores them: with what its task
+    declared (queued when its node is full)."""
+    items = []
+    for r in records:
+        spec = wfs[r.wf_id].tasks[r.idx]
+        declared = Declared(spec.family, TASK_TYPE_NAMES[spec.type], spec.cpu_cores,
+                            spec.mem_gb, spec.duration_s)  # fmt: skip
+        res = Reservation(f"{r.wf_id}/{r.idx}", r.attempt, ids[r.node], 1.0, 1.0, 1.0, b"{}",
+                          fits=True, declared=declared)  # fmt: skip
+        items.append((res, "queue"))
+    statuses = await rstate.decide_many(items)
+    assert {s for s, _ in statuses} <= {"r", "q"}
 
 
 async def _heartbeats(rstate: RedisState, sim: Simulator) -> list[str]:
@@ -49,12 +68,12 @@ async def test_redis_history_equals_the_simulators_for_the_same_events(
     sim.run(make_policy("heft", 5))  # declared requests: some tasks are OOM-killed
     assert sim.log is not None
     assert any(r.outcome == "oom" for r in sim.log)
-    await rstate.put_workflows([(wf.id, to_message(wf).encode()) for wf in wfs])
     ids = await _heartbeats(rstate, sim)
-    for r in sim.log:
-        await rstate.apply_event(_event(r, ids[r.node]))
-    again = _event(sim.log[-1], ids[sim.log[-1].node])
-    await rstate.apply_event(again)  # a redelivery counts once
+    await _reserve(rstate, sim.log, {wf.id: wf for wf in wfs}, ids)
+    events = [_event(r, ids[r.node]) for r in sim.log]
+    await rstate.apply_events(events[: len(events) // 2])
+    await rstate.apply_events(events)  # the first half redelivered: counted once
+    await rstate.apply_event(events[-1])
 
     families = sorted(sim.history.families)
     stored = await rstate.history.stats(families)
@@ -80,13 +99,14 @@ async def test_the_daemons_observation_equals_the_simulators_history_included(
     wfs = generate_workflows(sc, 8)
     sim = Simulator(sc, wfs, seed=8, keep_log=True)
     policy = make_policy("heft_history", 8)
-    await rstate.put_workflows([(wf.id, to_message(wf).encode()) for wf in wfs])
     ids = await _heartbeats(rstate, sim)
+    by_id = {wf.id: wf for wf in wfs}
     fed, compared = 0, 0
     while (batch := sim.advance()) is not None:
         assert sim.log is not None
-        for r in sim.log[fed:]:
-            await rstate.apply_event(_event(r, ids[r.node]))
+        if sim.log[fed:]:
+            await _reserve(rstate, sim.log[fed:], by_id, ids)
+            await rstate.apply_events([_event(r, ids[r.node]) for r in sim.log[fed:]])
         fed = len(sim.log)
         view = cluster_view(sim)
         families = sorted({t.spec.family for t in batch})
