@@ -118,7 +118,7 @@ async def test_the_daemons_observation_equals_the_simulators_history_included(
             )
             np.testing.assert_array_equal(ours.cluster, theirs.cluster)
             np.testing.assert_array_equal(ours.nodes, theirs.nodes)
-            np.testing.assert_array_equal(ours.anchor, theirs.anchor)
+            np.testing.assert_array_equal(ours.base, theirs.base)
             compared += task_view(t, sim).history is not None
         sim.apply(policy.decide(sim, batch), batch)
     assert compared > 50  # most tasks had a family history to compare
