@@ -19,10 +19,10 @@ from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 from redis.exceptions import RedisError
 
-from dagsched.daemon.kafka import Output, make_consumer, produce_all
+from dagsched.daemon.kafka import Output, dead_letter, make_consumer, produce_all
 from dagsched.daemon.metrics import DaemonMetrics
 from dagsched.daemon.redis_state import RedisState
-from dagsched.schemas.messages import BadMessage, DeadLetterMsg, decode
+from dagsched.schemas.messages import BadMessage, decode
 from dagsched.schemas.topics import ALLOWED_TYPES
 from dagsched.settings import Settings
 
@@ -95,9 +95,7 @@ class Updater:
         while i < len(records):
             rec = records[i]
             try:
-                msg = decode(rec.value)
-                if msg.type not in ALLOWED_TYPES["events"]:
-                    raise BadMessage(f"a {msg.type} message does not belong on {rec.topic}")
+                msg = self.decode(rec)
             except BadMessage as exc:
                 dead.append(self._dead(rec, exc.reason))
                 i += 1
@@ -124,10 +122,20 @@ class Updater:
             return await produce_all(self.producer, dead, time.monotonic() + 30)
         return True
 
+    def decode(self, rec: Any) -> Any:
+        """The event in `rec`, or `BadMessage` with the reason it is dead-lettered for."""
+        cfg = self.settings.daemon
+        try:
+            msg = decode(
+                rec.value, max_bytes=cfg.max_message_bytes, max_depth=cfg.max_message_depth
+            )
+        except (RecursionError, MemoryError) as exc:  # no one record stops the updater
+            raise BadMessage(f"message too complex to handle ({type(exc).__name__})") from None
+        if msg.type not in ALLOWED_TYPES["events"]:
+            raise BadMessage(f"a {msg.type} message does not belong on {rec.topic}")
+        return msg
+
     def _dead(self, rec: Any, reason: str) -> Output:
         self.metrics.dead_letters.labels(kind="event").inc()
         log.warning("event.dead_letter", offset=rec.offset, partition=rec.partition, reason=reason)
-        msg = DeadLetterMsg.of(
-            rec.value, rec.key, rec.topic, rec.partition, rec.offset, reason, time.time()
-        )
-        return (self.settings.topic("deadletter"), rec.key, msg.encode())
+        return dead_letter(self.settings, rec, reason)
