@@ -469,7 +469,7 @@ def _parse(raw: bytes) -> Any:
     if version != SCHEMA_VERSION or isinstance(version, bool):
         raise BadMessage(f"unknown schema_version {version!r} (this build reads {SCHEMA_VERSION})")
     kind = data.get("type")
-    if kind not in MESSAGE_TYPES:
+    if not isinstance(kind, str) or kind not in MESSAGE_TYPES:
         known = ", ".join(MESSAGE_TYPES)
         raise BadMessage(f"unknown message type {kind!r} (known: {known})")
     try:
