@@ -218,3 +218,60 @@ def any_input() -> st.SearchStrategy[bytes]:
         mangled_messages(),
         deep_nesting(),
     )
+
+
+# the bounds of every number a `workflow` accepts: valid, and as extreme as valid gets
+EXTREME_TASK: dict[str, tuple[float, ...]] = {
+    "duration_s": (5e-324, 1e-9, 1e9),
+    "cpu_cores": (5e-324, 1e-6, 4096.0),
+    "mem_gb": (5e-324, 1e-6, 1e6),
+    "input_bytes": (0.0, 1e15),
+    "output_bytes": (0.0, 1e15),
+    "cold_start_s": (0.0, 1e9),
+}
+
+
+@st.composite
+def inconsistent_records(draw: st.DrawFn, wf_id: st.SearchStrategy[str] = VALID_ID) -> list[bytes]:
+    """Schema-valid records that do not fit together or push every bound: a task of an unknown
+    workflow or out of range, a cycle, a self-loop, a dangling edge, duplicate workflow ids,
+    task names and edges, extreme numbers. Each comes with the task_ready that exercises it."""
+    i = draw(wf_id)
+    n = draw(st.integers(1, 5))
+    kind = draw(
+        st.sampled_from(
+            ["unknown", "out_of_range", "cycle", "self_loop", "dangling", "dup_id", "dup_names",
+             "dup_edges", "extreme", "deadline"]
+        )
+    )  # fmt: skip
+    wf = workflow(i, n)
+    ready = task_ready(i, draw(st.integers(0, n - 1)), draw(st.integers(0, 1000)))
+    if kind == "unknown":
+        return [encode(ready)]
+    if kind == "out_of_range":
+        return [encode(wf), encode(task_ready(i, n + draw(st.integers(0, 1_000_000 - n))))]
+    if kind == "cycle":
+        m = max(n, 2)
+        ring = [(k, (k + 1) % m) for k in range(m)]
+        return [encode(workflow(i, m, ring)), encode(task_ready(i, 0))]
+    if kind == "self_loop":
+        return [encode(workflow(i, n, [(0, 0)])), encode(ready)]
+    if kind == "dangling":
+        return [encode(workflow(i, n, [(0, n + draw(st.integers(0, 5)))])), encode(ready)]
+    if kind == "dup_id":
+        other = workflow(i, draw(st.integers(1, 5)))
+        return [encode(wf), encode(other), encode(ready)]
+    if kind == "dup_names":
+        wf["tasks"] = [task_spec("same") for _ in range(n)]
+        return [encode(wf), encode(ready)]
+    if kind == "dup_edges":
+        wf["edges"] = wf["edges"] * 3
+        return [encode(wf), encode(ready)]
+    if kind == "deadline":
+        wf["deadline_s"] = draw(st.sampled_from([5e-324, 1e-9, 1e9]))
+        wf["arrival_s"] = draw(st.sampled_from([0.0, 1e9]))
+        return [encode(wf), encode(ready)]
+    for t in wf["tasks"]:
+        for field, values in EXTREME_TASK.items():
+            t[field] = draw(st.sampled_from(values))
+    return [encode(wf), encode(ready)]

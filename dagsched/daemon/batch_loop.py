@@ -277,6 +277,8 @@ class BatchLoop:
         out: dict[int, Output] = {}
         workflows: list[tuple[str, Workflow, bytes]] = []
         ready: list[tuple[int, ConsumerRecord[bytes, bytes], TaskReadyMsg]] = []
+        # counted and logged once the batch is decided: a held batch is processed again
+        dead: list[tuple[ConsumerRecord[bytes, bytes], str, str]] = []
         for i, rec in enumerate(records):
             try:
                 msg = decode_record(
@@ -291,13 +293,11 @@ class BatchLoop:
                 else:
                     ready.append((i, rec, msg))
             except (BadMessage, WorkflowError) as exc:
-                out[i] = self._dead(
-                    rec, str(exc), "invalid" if isinstance(exc, BadMessage) else "dag"
-                )
+                kind = "invalid" if isinstance(exc, BadMessage) else "dag"
+                out[i] = self._dead(dead, rec, str(exc), kind)
             except (RecursionError, MemoryError) as exc:  # no one record stops the loop
-                out[i] = self._dead(
-                    rec, f"message too complex to handle ({type(exc).__name__})", "invalid"
-                )
+                reason = f"message too complex to handle ({type(exc).__name__})"
+                out[i] = self._dead(dead, rec, reason, "invalid")
         await self.store.put_workflows(workflows)
         keys = list(dict.fromkeys((f"{m.workflow_id}/{m.task}", m.attempt) for _, _, m in ready))
         inputs = None
@@ -324,7 +324,7 @@ class BatchLoop:
             key = (f"{m.workflow_id}/{m.task}", m.attempt)
             answer = answers.get(key)
             if isinstance(answer, str):  # a reason: unknown workflow or task
-                out[i] = self._dead(rec, answer, "unknown")
+                out[i] = self._dead(dead, rec, answer, "unknown")
                 continue
             assert answer is not None
             if key in new and key not in seen:
@@ -337,22 +337,30 @@ class BatchLoop:
         outputs = [out[i] for i in range(len(records)) if out[i][2]]
         topic = s.topic("decisionlog")
         outputs += [(topic, None, raw) for _, raw in logs]
+        for rec, reason, kind in dead:
+            self.metrics.dead_letters.labels(kind=kind).inc()
+            self.stats["dead_letters"] += 1
+            log.warning(
+                "input.dead_letter",
+                topic=rec.topic,
+                partition=rec.partition,
+                offset=rec.offset,
+                reason=reason,
+            )
         return outputs, fresh, logs
 
     def _ack(self, rec: ConsumerRecord[bytes, bytes]) -> Output:
         del rec
         return ("", None, b"")  # nothing to produce; the record is answered by storing it
 
-    def _dead(self, rec: ConsumerRecord[bytes, bytes], reason: str, kind: str) -> Output:
-        self.metrics.dead_letters.labels(kind=kind).inc()
-        self.stats["dead_letters"] += 1
-        log.warning(
-            "input.dead_letter",
-            topic=rec.topic,
-            partition=rec.partition,
-            offset=rec.offset,
-            reason=reason,
-        )
+    def _dead(
+        self,
+        dead: list[tuple[ConsumerRecord[bytes, bytes], str, str]],
+        rec: ConsumerRecord[bytes, bytes],
+        reason: str,
+        kind: str,
+    ) -> Output:
+        dead.append((rec, reason, kind))
         return dead_letter(self.settings, rec, reason)
 
     # -- metrics ------------------------------------------------------------------------------

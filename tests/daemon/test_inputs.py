@@ -7,7 +7,13 @@ import json
 import pytest
 
 from dagsched.daemon.broker import ensure_topics
-from dagsched.schemas.messages import DeadLetterMsg, TaskReadyMsg, TaskSpecMsg, WorkflowMsg
+from dagsched.schemas.messages import (
+    DeadLetterMsg,
+    NodeHeartbeatMsg,
+    TaskReadyMsg,
+    TaskSpecMsg,
+    WorkflowMsg,
+)
 from tests.daemon.conftest import Client, committed, end_offsets, make_settings, wait_for
 
 TASK = {"name": "a", "type": "cpu", "duration_s": 5, "cpu_cores": 1, "mem_gb": 1}
@@ -142,9 +148,10 @@ async def test_a_deeply_nested_record_is_dead_lettered_and_the_daemon_goes_on(
         assert d.original == DEEP
         assert "nested deeper than" in d.reason, d.reason
     assert (await running.health())["status"] == "ok"
-    # the updater is alive too: a node that heartbeats after the bad event is placed on
-    await client.heartbeats(3, cores=64)
+    # the updater is alive too: the one node that fits, heard of after the bad event, is used
+    big = NodeHeartbeatMsg(node="node-big", at=0.0, kind="cpu", zone=0, cores=64, mem_gb=64)
+    await client.send("events", big.encode(), "node-big")
     await client.workflow("big", n_tasks=1, cores=40.0)
     await client.ready("big", 0)
     decisions = await client.wait("decisions", 2)
-    assert decisions[-1].workflow_id == "big" and decisions[-1].node == "node-0002"
+    assert decisions[-1].workflow_id == "big" and decisions[-1].node == "node-big"
