@@ -44,7 +44,7 @@ LEAVES = leaf_paths(Settings().model_dump(mode="json"))
 # mapping or list where a scalar belongs, a nest deeper than any setting, an endless integer)
 BAD_YAML_VALUES = [
     ".nan", ".inf", "-.inf", "{a: 1}", "[" * 40 + "]" * 40,
-    "9" * 5000, "!!binary aGVsbG8=", "!!python/object:os.system ls", "2020-01-01", "[1, 2",
+    "9" * 5000, "!!python/object:os.system ls", "2020-01-01", "[1, 2",
 ]  # fmt: skip
 
 
