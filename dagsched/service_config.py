@@ -11,6 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from dagsched.schemas.messages import MAX_MESSAGE_DEPTH
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -37,6 +39,11 @@ class DaemonSettings(_Strict):
     batch_wait_ms: float = Field(default=5.0, ge=0, le=10_000)
     fetch_max_wait_ms: int = Field(default=5, ge=2, le=1000)
     max_dag_tasks: int = Field(default=5000, ge=1)
+    # an input record (value and key) larger than this is dead-lettered unread: what bounds the
+    # memory one record can take. The broker must accept dead letters of ~4/3 of it (base64)
+    max_message_bytes: int = Field(default=4 * 1024 * 1024, ge=1024, le=256 * 1024 * 1024)
+    # JSON nested deeper than this is dead-lettered before any parser recurses into it
+    max_message_depth: int = Field(default=MAX_MESSAGE_DEPTH, ge=8, le=500)
     challenger_share: float = Field(default=0.1, ge=0, le=1)
     # the exploration slice: workflows in the buckets after the challenger's, served with
     # sampled actions by the learner's @shadow when it descends from the serving champion

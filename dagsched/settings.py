@@ -4,14 +4,16 @@ Precedence, lowest to highest: the defaults in code, `configs/default.yaml`,
 `configs/<profile>.yaml`, `DAGSCHED_*` environment variables (nested with `__`, e.g.
 `DAGSCHED_SIM__FAULTS__NODE_FAILURE_PER_HOUR=0`), then explicit overrides from the CLI. Layers
 are deep-merged (mappings merge key by key; lists and scalars replace), then validated once.
-Every level forbids unknown keys; any problem becomes a one-line `SettingsError` naming the
-key path and the layer it came from. Nothing here runs at import time: call `load_settings`.
+Every level forbids unknown keys, every number must be finite, and no layer may nest deeper
+than `MAX_DEPTH`; any problem becomes a one-line `SettingsError` naming the key path and the
+layer it came from. Nothing here runs at import time: call `load_settings`.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -23,6 +25,7 @@ from pydantic import Field, ValidationError, field_validator
 from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from dagsched.schemas.messages import nesting_depth
 from dagsched.service_config import (
     DaemonSettings,
     EvaluatorSettings,
@@ -39,6 +42,11 @@ ENV_PROFILE = "DAGSCHED_PROFILE"
 ENV_CONFIG_DIR = "DAGSCHED_CONFIG_DIR"
 
 Layer = tuple[str, dict[str, Any]]
+
+# the deepest a layer may nest (the settings themselves nest 4 levels: sim.cluster.groups[0]);
+# deeper input is refused before anything recurses into it
+MAX_DEPTH = 32
+SHOWN_CHARS = 60  # of a bad value, in an error line
 
 
 class SettingsError(ValueError):
@@ -80,7 +88,7 @@ class Settings(BaseSettings):
     def _known_level(cls, value: str) -> str:
         level = value.upper()
         if level not in logging.getLevelNamesMapping():
-            raise ValueError(f"unknown log level {value!r}")
+            raise ValueError(f"unknown log level {shown(value)}")
         return level
 
     @classmethod
@@ -149,24 +157,85 @@ def load_settings(
     for _, data in layers:
         merged = deep_merge(merged, data)
     try:
-        return Settings(**merged)
+        settings = Settings(**merged)
     except ValidationError as exc:
         raise SettingsError(describe_errors(exc.errors(), layers)) from None
+    for loc, value in _numbers(settings.model_dump()):
+        if not math.isfinite(value):
+            origin = _origin(loc, layers)
+            suffix = f" (from {origin})" if origin else ""
+            raise SettingsError(f"{format_path(loc)}: must be a finite number, got {value}{suffix}")
+    return settings
+
+
+def _numbers(data: Any) -> list[tuple[list[str | int], float]]:
+    """Every float in `data` (nested dicts, lists and tuples), with its key path."""
+    out: list[tuple[list[str | int], float]] = []
+    stack: list[tuple[list[str | int], Any]] = [([], data)]
+    while stack:
+        loc, value = stack.pop()
+        if isinstance(value, dict):
+            stack += [([*loc, k], v) for k, v in value.items()]
+        elif isinstance(value, list | tuple):
+            stack += [([*loc, i], v) for i, v in enumerate(value)]
+        elif isinstance(value, float):
+            out.append((loc, value))
+    return out
+
+
+def check_tree(data: Any, where: str) -> None:
+    """Raise `SettingsError` if `data` (one layer, as read) nests deeper than `MAX_DEPTH` or has
+    a key that is not a string; walked without recursion."""
+    stack: list[tuple[list[str | int], Any]] = [([], data)]
+    while stack:
+        loc, value = stack.pop()
+        if len(loc) > MAX_DEPTH:
+            raise SettingsError(f"{where}: nested deeper than {MAX_DEPTH} levels")
+        if isinstance(value, dict):
+            for k, v in value.items():
+                if not isinstance(k, str):
+                    inside = f" in {format_path(loc)}" if loc else ""
+                    raise SettingsError(
+                        f"{where}: setting names must be text, got {shown(k)}{inside}"
+                    )
+                stack.append(([*loc, k], v))
+        elif isinstance(value, list):
+            stack += [([*loc, i], v) for i, v in enumerate(value)]
+
+
+def shown(value: object) -> str:
+    """`repr(value)`, cut to `SHOWN_CHARS` characters."""
+    return cut(repr(value))
+
+
+def cut(text: str) -> str:
+    """`text` cut to `SHOWN_CHARS` characters."""
+    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 1] + "…"
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
-    """One YAML mapping from `path` (an empty file is an empty mapping)."""
+    """One YAML mapping from `path` (an empty file is an empty mapping), checked by
+    `check_tree`."""
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise SettingsError(f"{path}: not UTF-8 text ({exc.reason})") from None
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or type(exc).__name__
         raise SettingsError(f"{path}{where}: invalid YAML: {problem}") from None
+    except RecursionError:  # PyYAML composes nested nodes recursively
+        raise SettingsError(f"{path}: nested deeper than {MAX_DEPTH} levels") from None
+    except ValueError as exc:  # an integer of thousands of digits, say
+        raise SettingsError(f"{path}: invalid YAML: {cut(str(exc))}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise SettingsError(f"{path}: the top level must be a mapping of settings")
+    check_tree(data, str(path))
     return data
 
 
@@ -190,10 +259,14 @@ def env_layer(environ: Mapping[str, str]) -> dict[str, Any]:
             raise SettingsError(f"malformed setting variable {name}")
         value: Any = raw
         if raw.lstrip()[:1] in ("[", "{"):
+            if nesting_depth(raw.encode(), MAX_DEPTH) > MAX_DEPTH:
+                raise SettingsError(f"{name}: JSON nested deeper than {MAX_DEPTH} levels")
             try:
                 value = json.loads(raw)
             except json.JSONDecodeError as exc:
                 raise SettingsError(f"{name}: invalid JSON value ({exc.msg})") from None
+            except ValueError as exc:  # an integer of thousands of digits
+                raise SettingsError(f"{name}: invalid JSON value ({cut(str(exc))})") from None
         _set_path(out, parts, value)
     return out
 
@@ -259,7 +332,7 @@ def describe_error(err: ErrorDetails, layers: list[Layer]) -> str:
         return f"{path}: required setting is missing{suffix}"
     value = err.get("input")
     if err["type"] != "value_error" and isinstance(value, str | int | float | bool):
-        msg = f"{msg}, got {value!r}"
+        msg = f"{msg}, got {shown(value)}"
     return " ".join(f"{path}: {msg}{suffix}".split())
 
 

@@ -6,6 +6,11 @@ import json
 from pathlib import Path
 
 from dagsched.core.workflow import Workflow, WorkflowError
+from dagsched.schemas.messages import nesting_depth
+
+# WfFormat documents nest 6 levels (workflow.specification.tasks[i].parents[j]) and a little
+# more in free-form fields: far more is refused as a document no parser should recurse into
+MAX_DEPTH = 64
 
 
 def wfformat_files(path: Path) -> list[Path]:
@@ -21,17 +26,24 @@ def wfformat_files(path: Path) -> list[Path]:
 
 
 def read_json(file: Path) -> object:
-    """The decoded JSON document in `file`; a syntax error becomes a `WorkflowError` naming it."""
+    """The decoded JSON document in `file`; a syntax error, or nesting deeper than
+    `MAX_DEPTH` (refused before the parser recurses into it), becomes a `WorkflowError` naming
+    the file."""
+    raw = file.read_bytes()
     try:
-        text = file.read_text(encoding="utf-8")
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise WorkflowError(f"{file}: not UTF-8 text ({exc.reason})") from None
+    if nesting_depth(raw, MAX_DEPTH) > MAX_DEPTH:
+        raise WorkflowError(f"{file}: JSON nested deeper than {MAX_DEPTH} levels")
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise WorkflowError(
             f"{file}: invalid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
         ) from None
+    except ValueError as exc:  # an integer of thousands of digits
+        raise WorkflowError(f"{file}: invalid JSON: {str(exc)[:60]}") from None
 
 
 def load_wfformat_path(path: Path) -> list[Workflow]:

@@ -30,15 +30,15 @@ from dagsched.core.wire import to_workflow
 from dagsched.core.workflow import Workflow, WorkflowError
 from dagsched.daemon.arms import Models
 from dagsched.daemon.call_log import Logged
-from dagsched.daemon.kafka import Output, produce_all
+from dagsched.daemon.kafka import Output, dead_letter, produce_all
 from dagsched.daemon.metrics import DaemonMetrics
 from dagsched.daemon.placing import Hold, Placer
 from dagsched.daemon.redis_state import RedisState
 from dagsched.daemon.state_store import StateStore
 from dagsched.schemas.messages import (
     MAX_MESSAGE_BYTES,
+    MAX_MESSAGE_DEPTH,
     BadMessage,
-    DeadLetterMsg,
     TaskReadyMsg,
     WorkflowMsg,
     decode,
@@ -60,17 +60,20 @@ FAST_TYPES: tuple[tuple[bytes, type[TaskReadyMsg] | type[WorkflowMsg]], ...] = (
 )
 
 
-def decode_record(raw: bytes | None) -> Any:
-    """`decode`, with a fast path for the common records, a well-formed `task_ready` or
-    `workflow`."""
-    if raw is not None and len(raw) <= MAX_MESSAGE_BYTES:
+def decode_record(
+    raw: bytes | None, max_bytes: int = MAX_MESSAGE_BYTES, max_depth: int = MAX_MESSAGE_DEPTH
+) -> Any:
+    """`decode` within the limits, with a fast path for the common records, a well-formed
+    `task_ready` or `workflow` (pydantic's parser refuses deep nesting itself, without
+    recursing in Python: a record it refuses goes through `decode`'s checks)."""
+    if raw is not None and len(raw) <= max_bytes:
         for prefix, model in FAST_TYPES:
             if raw.startswith(prefix):
                 try:
                     return model.model_validate_json(raw, strict=True)
                 except ValidationError:
                     break
-    return decode(raw)
+    return decode(raw, max_bytes=max_bytes, max_depth=max_depth)
 
 
 async def _behind(consumer: Any) -> bool:
@@ -274,9 +277,13 @@ class BatchLoop:
         out: dict[int, Output] = {}
         workflows: list[tuple[str, Workflow, bytes]] = []
         ready: list[tuple[int, ConsumerRecord[bytes, bytes], TaskReadyMsg]] = []
+        # counted and logged once the batch is decided: a held batch is processed again
+        dead: list[tuple[ConsumerRecord[bytes, bytes], str, str]] = []
         for i, rec in enumerate(records):
             try:
-                msg = decode_record(rec.value)
+                msg = decode_record(
+                    rec.value, self.cfg.max_message_bytes, self.cfg.max_message_depth
+                )
                 if msg.type not in ALLOWED_TYPES["tasks"]:
                     raise BadMessage(f"a {msg.type} message does not belong on {rec.topic}")
                 if isinstance(msg, WorkflowMsg):
@@ -286,9 +293,11 @@ class BatchLoop:
                 else:
                     ready.append((i, rec, msg))
             except (BadMessage, WorkflowError) as exc:
-                out[i] = self._dead(
-                    rec, str(exc), "invalid" if isinstance(exc, BadMessage) else "dag"
-                )
+                kind = "invalid" if isinstance(exc, BadMessage) else "dag"
+                out[i] = self._dead(dead, rec, str(exc), kind)
+            except (RecursionError, MemoryError) as exc:  # no one record stops the loop
+                reason = f"message too complex to handle ({type(exc).__name__})"
+                out[i] = self._dead(dead, rec, reason, "invalid")
         await self.store.put_workflows(workflows)
         keys = list(dict.fromkeys((f"{m.workflow_id}/{m.task}", m.attempt) for _, _, m in ready))
         inputs = None
@@ -315,7 +324,7 @@ class BatchLoop:
             key = (f"{m.workflow_id}/{m.task}", m.attempt)
             answer = answers.get(key)
             if isinstance(answer, str):  # a reason: unknown workflow or task
-                out[i] = self._dead(rec, answer, "unknown")
+                out[i] = self._dead(dead, rec, answer, "unknown")
                 continue
             assert answer is not None
             if key in new and key not in seen:
@@ -328,26 +337,31 @@ class BatchLoop:
         outputs = [out[i] for i in range(len(records)) if out[i][2]]
         topic = s.topic("decisionlog")
         outputs += [(topic, None, raw) for _, raw in logs]
+        for rec, reason, kind in dead:
+            self.metrics.dead_letters.labels(kind=kind).inc()
+            self.stats["dead_letters"] += 1
+            log.warning(
+                "input.dead_letter",
+                topic=rec.topic,
+                partition=rec.partition,
+                offset=rec.offset,
+                reason=reason,
+            )
         return outputs, fresh, logs
 
     def _ack(self, rec: ConsumerRecord[bytes, bytes]) -> Output:
         del rec
         return ("", None, b"")  # nothing to produce; the record is answered by storing it
 
-    def _dead(self, rec: ConsumerRecord[bytes, bytes], reason: str, kind: str) -> Output:
-        self.metrics.dead_letters.labels(kind=kind).inc()
-        self.stats["dead_letters"] += 1
-        log.warning(
-            "input.dead_letter",
-            topic=rec.topic,
-            partition=rec.partition,
-            offset=rec.offset,
-            reason=reason,
-        )
-        msg = DeadLetterMsg.of(
-            rec.value, rec.key, rec.topic, rec.partition, rec.offset, reason, time.time()
-        )
-        return (self.settings.topic("deadletter"), rec.key, msg.encode())
+    def _dead(
+        self,
+        dead: list[tuple[ConsumerRecord[bytes, bytes], str, str]],
+        rec: ConsumerRecord[bytes, bytes],
+        reason: str,
+        kind: str,
+    ) -> Output:
+        dead.append((rec, reason, kind))
+        return dead_letter(self.settings, rec, reason)
 
     # -- metrics ------------------------------------------------------------------------------
 

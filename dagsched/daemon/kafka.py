@@ -12,6 +12,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import KafkaError
 from aiokafka.partitioner import DefaultPartitioner
 
+from dagsched.schemas.messages import DEAD_LETTER_HEAD_BYTES, DeadLetterMsg
 from dagsched.settings import Settings
 
 log = structlog.get_logger(__name__)
@@ -20,6 +21,13 @@ log = structlog.get_logger(__name__)
 Output = tuple[str, bytes | None, bytes]
 
 BACKOFF_S = (0.1, 5.0)
+
+
+def max_record_bytes(settings: Settings) -> int:
+    """The largest record a dagsched process produces: the dead letter of an input at the size
+    limit (its value and key in base64, the key again as the record's key), with room for the
+    other fields. A broker refusing it would hold the batch (`produce_all` retries)."""
+    return settings.daemon.max_message_bytes * 7 // 3 + 1024 * 1024
 
 
 def make_producer(settings: Settings) -> AIOKafkaProducer:
@@ -31,7 +39,20 @@ def make_producer(settings: Settings) -> AIOKafkaProducer:
         linger_ms=0,
         request_timeout_ms=10_000,
         retry_backoff_ms=100,
+        max_request_size=max_record_bytes(settings),
     )
+
+
+def dead_letter(settings: Settings, rec: Any, reason: str) -> Output:
+    """The dead-letter record for input `rec` rejected for `reason`, keyed as `rec` was: the
+    whole record when it is within `daemon.max_message_bytes`, else only its head."""
+    size = len(rec.value or b"") + len(rec.key or b"")
+    whole = size <= settings.daemon.max_message_bytes
+    msg = DeadLetterMsg.of(
+        rec.value, rec.key, rec.topic, rec.partition, rec.offset, reason, time.time(), whole=whole
+    )
+    key = rec.key if whole or rec.key is None else rec.key[:DEAD_LETTER_HEAD_BYTES]
+    return (settings.topic("deadletter"), key, msg.encode())
 
 
 def make_consumer(

@@ -231,7 +231,9 @@ class Daemon:
 
     def _parse_workflow(self, raw: bytes) -> Workflow:
         """A workflow as the state store keeps it (the raw `workflow` message)."""
-        msg = decode(raw)
+        msg = decode(
+            raw, max_bytes=self.cfg.max_message_bytes, max_depth=self.cfg.max_message_depth
+        )
         if not isinstance(msg, WorkflowMsg):
             raise BadMessage(f"stored workflow is a {msg.type} message")
         return to_workflow(msg, self.cfg.max_dag_tasks)

@@ -22,11 +22,12 @@ from aiokafka.errors import KafkaError
 from pydantic import ValidationError
 from redis.exceptions import RedisError
 
-from dagsched.daemon.kafka import Output, make_consumer, produce_all
+from dagsched.daemon.kafka import Output, dead_letter, make_consumer, produce_all
 from dagsched.daemon.metrics import DaemonMetrics
 from dagsched.daemon.redis_state import RedisState
 from dagsched.schemas.messages import (
     MAX_MESSAGE_BYTES,
+    MAX_MESSAGE_DEPTH,
     BadMessage,
     DeadLetterMsg,
     NodeHeartbeatMsg,
@@ -55,16 +56,19 @@ FAST_EVENTS: tuple[tuple[bytes, type[Any]], ...] = tuple(
 )
 
 
-def decode_event(raw: bytes | None) -> Any:
-    """`decode`, with a fast path for well-formed common events."""
-    if raw is not None and len(raw) <= MAX_MESSAGE_BYTES:
+def decode_event(
+    raw: bytes | None, max_bytes: int = MAX_MESSAGE_BYTES, max_depth: int = MAX_MESSAGE_DEPTH
+) -> Any:
+    """`decode` within the limits, with a fast path for well-formed common events (anything
+    the fast path cannot take, deep or malformed, goes through `decode`'s checks)."""
+    if raw is not None and len(raw) <= max_bytes:
         for prefix, model in FAST_EVENTS:
             if raw.startswith(prefix):
                 try:
                     return model.model_validate_json(raw, strict=True)
                 except ValidationError:
                     break
-    return decode(raw)
+    return decode(raw, max_bytes=max_bytes, max_depth=max_depth)
 
 
 class Updater:
@@ -131,9 +135,7 @@ class Updater:
         events = []
         for rec in records:
             try:
-                msg = decode_event(rec.value)
-                if msg.type not in ALLOWED_TYPES["events"]:
-                    raise BadMessage(f"a {msg.type} message does not belong on {rec.topic}")
+                msg = self.decode(rec)
             except BadMessage as exc:
                 dead.append(self._dead(rec, exc.reason))
                 continue
@@ -166,10 +168,20 @@ class Updater:
             return await produce_all(self.producer, dead, time.monotonic() + 30)
         return True
 
+    def decode(self, rec: Any) -> Any:
+        """The event in `rec`, or `BadMessage` with the reason it is dead-lettered for."""
+        cfg = self.settings.daemon
+        try:
+            msg = decode_event(
+                rec.value, max_bytes=cfg.max_message_bytes, max_depth=cfg.max_message_depth
+            )
+        except (RecursionError, MemoryError) as exc:  # no one record stops the updater
+            raise BadMessage(f"message too complex to handle ({type(exc).__name__})") from None
+        if msg.type not in ALLOWED_TYPES["events"]:
+            raise BadMessage(f"a {msg.type} message does not belong on {rec.topic}")
+        return msg
+
     def _dead(self, rec: Any, reason: str) -> Output:
         self.metrics.dead_letters.labels(kind="event").inc()
         log.warning("event.dead_letter", offset=rec.offset, partition=rec.partition, reason=reason)
-        msg = DeadLetterMsg.of(
-            rec.value, rec.key, rec.topic, rec.partition, rec.offset, reason, time.time()
-        )
-        return (self.settings.topic("deadletter"), rec.key, msg.encode())
+        return dead_letter(self.settings, rec, reason)

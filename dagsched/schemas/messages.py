@@ -3,7 +3,9 @@
 Every message carries `schema_version` and a `type` that discriminates the union. Unknown
 fields are errors, and every number is bounded, so a message that decodes is one the daemon
 can act on. `decode` turns raw bytes into a message or raises `BadMessage` with one readable
-line saying why (that line is what the dead-letter record carries).
+line saying why (that line is what the dead-letter record carries). Before any parser runs it
+checks the input's size and how deeply its JSON nests, so that no input, however large or deep,
+can exhaust the decoder's memory or stack.
 """
 
 from __future__ import annotations
@@ -275,7 +277,11 @@ class NodeUpMsg(_Message):
 
 
 class DeadLetterMsg(_Message):
-    """An input the daemon rejected: the original bytes (base64), where it was, and why."""
+    """An input the daemon rejected: the original bytes (base64), where it was, and why.
+
+    Of an input over the size limit only the first `DEAD_LETTER_HEAD_BYTES` of its value and
+    key are kept, and `original_size` gives the value's full size; the whole record stays on
+    its topic at (`topic`, `partition`, `offset`) for as long as the broker retains it."""
 
     type: Literal["dead_letter"] = "dead_letter"
     original_b64: str
@@ -285,6 +291,8 @@ class DeadLetterMsg(_Message):
     offset: Annotated[int, Field(ge=0)]
     reason: Annotated[str, Field(min_length=1)]
     at: float
+    # set when `original_b64` holds only the head of a larger value
+    original_size: Annotated[int, Field(ge=0)] | None = None
 
     @field_validator("original_b64", "key_b64")
     @classmethod
@@ -307,16 +315,26 @@ class DeadLetterMsg(_Message):
         offset: int,
         reason: str,
         at: float,
+        *,
+        whole: bool = True,
     ) -> DeadLetterMsg:
-        """A dead-letter record for a rejected input."""
+        """A dead-letter record for a rejected input; `whole=False` (an input over the size
+        limit) keeps only the head of its value and key."""
+        raw = raw or b""
+        size = None
+        if not whole:
+            size = len(raw)
+            raw = raw[:DEAD_LETTER_HEAD_BYTES]
+            key = None if key is None else key[:DEAD_LETTER_HEAD_BYTES]
         return cls(
-            original_b64=base64.b64encode(raw or b"").decode(),
+            original_b64=base64.b64encode(raw).decode(),
             key_b64=base64.b64encode(key).decode() if key is not None else None,
             topic=topic,
             partition=partition,
             offset=offset,
             reason=reason,
             at=at,
+            original_size=size,
         )
 
 
@@ -359,7 +377,15 @@ MESSAGE_TYPES: dict[str, type[_Message]] = {
 }
 
 _ADAPTER: TypeAdapter[Any] = TypeAdapter(Message)
+# what `decode` refuses by default: larger messages, and deeper JSON (this schema's messages
+# nest 3 to 5 levels). The daemon's inputs have their own settings, `daemon.max_message_bytes`
+# (tighter) and `daemon.max_message_depth`
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+MAX_MESSAGE_DEPTH = 32
+DEAD_LETTER_HEAD_BYTES = 64 * 1024  # what a dead letter keeps of an input over the size limit
+
+_UNIFORM = bytes.maketrans(b"{}", b"[]")  # depth only: an object nests as an array does
+_NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
 
 
 class BadMessage(ValueError):
@@ -370,16 +396,62 @@ class BadMessage(ValueError):
         self.reason = reason
 
 
-def decode(raw: bytes | None) -> Any:
-    """Parse one message from `raw` JSON bytes; raise `BadMessage(reason)` when it is not one.
+def nesting_depth(raw: bytes, limit: int = MAX_MESSAGE_DEPTH) -> int:
+    """How deeply the arrays and objects of JSON text `raw` nest (0 for a scalar; brackets in
+    strings do not count), counted up to `limit + 1` (any deeper text gives that). For text that
+    is not JSON: at least as deep as a parser gets before it fails. No recursion, and no Python
+    per character: bytes methods, and at most `limit + 1` passes over the brackets."""
+    # escaped backslashes, then escaped quotes, go first (pairs, left to right, as a parser
+    # reads them); every quote left opens or closes a string, so the even pieces between
+    # quotes are outside strings (an unterminated string ends the text, as it ends a parse)
+    text = raw.replace(b"\\\\", b"").replace(b'\\"', b"") if b"\\" in raw else raw
+    brackets = b"".join(text.split(b'"')[::2]).translate(_UNIFORM, _NOT_BRACKETS)
+    # each pass takes out the innermost pairs, one level of every nest; what no pass can take
+    # (closers before openers: not JSON) bounds the depth with the openers left
+    depth = 0
+    while brackets and depth <= limit:
+        inner = brackets.replace(b"[]", b"")
+        if len(inner) == len(brackets):
+            break
+        brackets = inner
+        depth += 1
+    return min(limit + 1, depth + brackets.count(b"["))
+
+
+def check_limits(
+    raw: bytes, max_bytes: int = MAX_MESSAGE_BYTES, max_depth: int = MAX_MESSAGE_DEPTH
+) -> None:
+    """Raise `BadMessage` when `raw` is longer than `max_bytes` or its JSON nests deeper than
+    `max_depth`: what a parser must never be handed."""
+    if len(raw) > max_bytes:
+        raise BadMessage(f"message of {len(raw)} bytes is over the size limit of {max_bytes} bytes")
+    # the count of opening brackets bounds the depth: most messages never need the scan
+    if raw.count(b"[") + raw.count(b"{") > max_depth and nesting_depth(raw, max_depth) > max_depth:
+        raise BadMessage(f"JSON nested deeper than the limit of {max_depth} levels")
+
+
+def decode(
+    raw: bytes | None,
+    *,
+    max_bytes: int = MAX_MESSAGE_BYTES,
+    max_depth: int = MAX_MESSAGE_DEPTH,
+) -> Any:
+    """Parse one message from `raw` JSON bytes; raise `BadMessage(reason)` when it is not one,
+    including when it is over `max_bytes` or nests deeper than `max_depth` (`check_limits`).
 
     Typed as `Any` for callers that dispatch with `isinstance`; the value is always one of the
     `Message` models.
     """
     if raw is None:
         raise BadMessage("empty message (no value)")
-    if len(raw) > MAX_MESSAGE_BYTES:
-        raise BadMessage(f"message of {len(raw)} bytes exceeds {MAX_MESSAGE_BYTES}")
+    check_limits(raw, max_bytes, max_depth)
+    try:
+        return _parse(raw)
+    except (RecursionError, MemoryError) as exc:  # within the limits, a last line of defence
+        raise BadMessage(f"message too complex to decode ({type(exc).__name__})") from None
+
+
+def _parse(raw: bytes) -> Any:
     try:
         data = json.loads(raw, parse_constant=_reject_constant)
     except UnicodeDecodeError:
@@ -397,7 +469,7 @@ def decode(raw: bytes | None) -> Any:
     if version != SCHEMA_VERSION or isinstance(version, bool):
         raise BadMessage(f"unknown schema_version {version!r} (this build reads {SCHEMA_VERSION})")
     kind = data.get("type")
-    if kind not in MESSAGE_TYPES:
+    if not isinstance(kind, str) or kind not in MESSAGE_TYPES:
         known = ", ".join(MESSAGE_TYPES)
         raise BadMessage(f"unknown message type {kind!r} (known: {known})")
     try:

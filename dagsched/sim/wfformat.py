@@ -34,9 +34,11 @@ The whole document is checked before the workflow is built; any problem raises
 `WorkflowError` naming it (and the task where there is one), so nothing is half-imported:
 not an object, no `workflow` object, missing or unsupported `schemaVersion`, a task without
 name and id, duplicate task ids (names in 1.4), parents or children (or execution entries)
-referring to unknown tasks, files not in the `files` list, negative or non-numeric runtimes,
-cores, memory or sizes, and cycles. Parents and children lists that disagree are merged (the
-union of both). Several entries or exits are kept as they are (no synthetic tasks).
+referring to unknown tasks, files not in the `files` list, negative, non-numeric or
+non-finite runtimes, cores, memory or sizes, ones past what a workflow message carries
+(runtimes over 1e9 s, over 4096 cores, memory or a file over 1e15 bytes), and cycles.
+Parents and children lists that disagree are merged (the union of both). Several entries or
+exits are kept as they are (no synthetic tasks).
 """
 
 from __future__ import annotations
@@ -56,6 +58,11 @@ DEFAULT_CORES = 1.0
 DEFAULT_MEM_BYTES = 1e9
 GB = 1e9
 KB = 1000.0
+# the largest values a workflow message carries (dagsched.schemas.messages): an imported
+# workflow is one the daemon could be sent, and a simulation of it ends
+MAX_RUNTIME_S = 1e9
+MAX_CORES = 4096.0
+MAX_NUMBER = 1e15  # bytes (memory, file sizes)
 
 _GPU_PREFIXES = ("gpu", "cuda", "train")
 _IO_PREFIXES = ("stage", "transfer", "download", "upload")
@@ -118,6 +125,12 @@ def parse_wfformat(
     return Workflow.build(ident, tasks, sorted(edges), slack=slack, source=f"wfformat:{source}")
 
 
+def _shown(value: object) -> str:
+    """`repr(value)` cut to 40 characters: an error stays one readable line."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:39] + "…"
+
+
 def _kind(value: object) -> str:
     return type(value).__name__
 
@@ -150,20 +163,37 @@ def _refs(value: object, what: str, where: str) -> list[str]:
     for ref in _list(value, what, where):
         r = _ident(ref)
         if r is None:
-            raise WorkflowError(f"{where}: {what} holds an invalid task reference {ref!r}")
+            raise WorkflowError(f"{where}: {what} holds an invalid task reference {_shown(ref)}")
         out.append(r)
     return out
 
 
-def _num(value: object, what: str, where: str, *, positive: bool = False) -> float | None:
-    """None when missing; else a finite number >= 0 (> 0 with `positive`) or WorkflowError."""
+def _num(
+    value: object, what: str, where: str, *, positive: bool = False, most: float = MAX_NUMBER
+) -> float | None:
+    """None when missing; else a finite number >= 0 (> 0 with `positive`) and at most `most`,
+    or WorkflowError."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise WorkflowError(f"{where}: {what} must be a number, got {value!r}")
-    if value < 0 or (positive and value == 0):
+    number = _finite(value)
+    if number is None:
+        raise WorkflowError(f"{where}: {what} must be a number, got {_shown(value)}")
+    if number < 0 or (positive and number == 0):
         raise WorkflowError(f"{where}: {what} must be {'> 0' if positive else '>= 0'}, got {value}")
-    return float(value)
+    if number > most:
+        raise WorkflowError(f"{where}: {what} must be at most {most:g}, got {number:g}")
+    return number
+
+
+def _finite(value: object) -> float | None:
+    """`value` as a finite float, or None (not a number, not finite, or an int past floats)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _first(d: dict[str, Any], *keys: str) -> object:
@@ -184,7 +214,7 @@ def _read_v15(wf: dict[str, Any], where: str) -> list[_Raw]:
             fid = _ident(fd.get("id"))
             if fid is None:
                 raise WorkflowError(f"{where}: a file entry has no id")
-            size = _num(fd.get("sizeInBytes"), f"file {fid!r} sizeInBytes", where)
+            size = _num(fd.get("sizeInBytes"), f"file {_shown(fid)} sizeInBytes", where)
             sizes[fid] = size or 0.0
     raws: list[_Raw] = []
     for i, t in enumerate(spec_tasks):
@@ -192,7 +222,7 @@ def _read_v15(wf: dict[str, Any], where: str) -> list[_Raw]:
         key = _ident(td.get("id")) or _ident(td.get("name"))
         if key is None:
             raise WorkflowError(f"{where}: task #{i} has neither an id nor a name")
-        tw = f"{where}, task {key!r}"
+        tw = f"{where}, task {_shown(key)}"
         given = td.get("name")
         name = given if isinstance(given, str) and given else key
         raw = _Raw(
@@ -216,14 +246,18 @@ def _read_v15(wf: dict[str, Any], where: str) -> list[_Raw]:
             if key is None:
                 raise WorkflowError(f"{where}: execution task #{i} has no id")
             if key not in by_key:
-                raise WorkflowError(f"{where}: execution task {key!r} is not in the specification")
+                raise WorkflowError(
+                    f"{where}: execution task {_shown(key)} is not in the specification"
+                )
             if key in seen:
-                raise WorkflowError(f"{where}: duplicate execution entry for task {key!r}")
+                raise WorkflowError(f"{where}: duplicate execution entry for task {_shown(key)}")
             seen.add(key)
-            tw = f"{where}, task {key!r}"
+            tw = f"{where}, task {_shown(key)}"
             raw = by_key[key]
-            raw.runtime = _num(td.get("runtimeInSeconds"), "runtimeInSeconds", tw)
-            raw.cores = _num(td.get("coreCount"), "coreCount", tw, positive=True)
+            raw.runtime = _num(
+                td.get("runtimeInSeconds"), "runtimeInSeconds", tw, most=MAX_RUNTIME_S
+            )
+            raw.cores = _num(td.get("coreCount"), "coreCount", tw, positive=True, most=MAX_CORES)
             raw.mem_bytes = _num(td.get("memoryInBytes"), "memoryInBytes", tw)
             command = td.get("command")
             if isinstance(command, dict) and isinstance(command.get("program"), str):
@@ -236,10 +270,10 @@ def _file_total(value: object, sizes: dict[str, float] | None, what: str, where:
     for ref in _list(value, what, where):
         fid = _ident(ref)
         if fid is None:
-            raise WorkflowError(f"{where}: {what} holds an invalid file reference {ref!r}")
+            raise WorkflowError(f"{where}: {what} holds an invalid file reference {_shown(ref)}")
         if sizes is not None:
             if fid not in sizes:
-                raise WorkflowError(f"{where}: {what} refers to unknown file {fid!r}")
+                raise WorkflowError(f"{where}: {what} refers to unknown file {_shown(fid)}")
             total += sizes[fid]
     return total
 
@@ -251,22 +285,27 @@ def _read_v14(wf: dict[str, Any], where: str) -> list[_Raw]:
         key = _ident(td.get("name")) or _ident(td.get("id"))
         if key is None:
             raise WorkflowError(f"{where}: task #{i} has neither a name nor an id")
-        tw = f"{where}, task {key!r}"
+        tw = f"{where}, task {_shown(key)}"
         hints = [key] + [v for k in ("category", "type") if isinstance(v := td.get(k), str)]
         command = td.get("command")
         if isinstance(command, dict) and isinstance(command.get("program"), str):
             hints.append(command["program"])
         memory = _num(td.get("memoryInBytes"), "memoryInBytes", tw)
         if memory is None and "memory" in td:
-            memory = (_num(td.get("memory"), "memory", tw) or 0.0) * KB
+            memory = (_num(td.get("memory"), "memory", tw, most=MAX_NUMBER / KB) or 0.0) * KB
         raw = _Raw(
             key=key,
             name=key,
             hints=hints,
             parents=_refs(td.get("parents"), "parents", tw),
             children=_refs(td.get("children"), "children", tw),
-            runtime=_num(_first(td, "runtimeInSeconds", "runtime"), "runtimeInSeconds", tw),
-            cores=_num(td.get("cores"), "cores", tw, positive=True),
+            runtime=_num(
+                _first(td, "runtimeInSeconds", "runtime"),
+                "runtimeInSeconds",
+                tw,
+                most=MAX_RUNTIME_S,
+            ),
+            cores=_num(td.get("cores"), "cores", tw, positive=True, most=MAX_CORES),
             mem_bytes=memory,
             alt_key=_ident(td.get("id")),
         )
@@ -291,7 +330,7 @@ def _unique(raws: list[_Raw], where: str) -> dict[str, _Raw]:
     by_key: dict[str, _Raw] = {}
     for r in raws:
         if r.key in by_key:
-            raise WorkflowError(f"{where}: duplicate task id {r.key!r}")
+            raise WorkflowError(f"{where}: duplicate task id {_shown(r.key)}")
         by_key[r.key] = r
     return by_key
 
@@ -307,7 +346,9 @@ def _resolve(raws: list[_Raw], where: str) -> tuple[list[TaskSpec], set[tuple[in
             j = index.get(ref)
             if j is None:
                 kind = "parent" if is_parent else "child"
-                raise WorkflowError(f"{where}, task {r.key!r}: unknown {kind} task {ref!r}")
+                raise WorkflowError(
+                    f"{where}, task {_shown(r.key)}: unknown {kind} task {_shown(ref)}"
+                )
             edges.add((j, i) if is_parent else (i, j))
     tasks = []
     for r in raws:

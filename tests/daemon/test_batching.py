@@ -185,7 +185,9 @@ async def test_a_batch_reads_its_inputs_while_it_looks_up_stored_decisions():
 
     loop = BatchLoop.__new__(BatchLoop)
     loop.settings = SimpleNamespace(topic=lambda name: name)  # type: ignore[assignment]
-    loop.cfg = SimpleNamespace(max_dag_tasks=100)  # type: ignore[assignment]
+    loop.cfg = SimpleNamespace(  # type: ignore[assignment]
+        max_dag_tasks=100, max_message_bytes=1 << 20, max_message_depth=32
+    )
     loop.store = _Store()  # type: ignore[assignment]
     loop.placer = _Placer()  # type: ignore[assignment]
     loop.metrics = SimpleNamespace(duplicates=SimpleNamespace(inc=lambda: None))  # type: ignore[assignment]

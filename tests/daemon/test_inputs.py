@@ -7,7 +7,13 @@ import json
 import pytest
 
 from dagsched.daemon.broker import ensure_topics
-from dagsched.schemas.messages import DeadLetterMsg, TaskReadyMsg, TaskSpecMsg, WorkflowMsg
+from dagsched.schemas.messages import (
+    DeadLetterMsg,
+    NodeHeartbeatMsg,
+    TaskReadyMsg,
+    TaskSpecMsg,
+    WorkflowMsg,
+)
 from tests.daemon.conftest import Client, committed, end_offsets, make_settings, wait_for
 
 TASK = {"name": "a", "type": "cpu", "duration_s": 5, "cpu_cores": 1, "mem_gb": 1}
@@ -120,3 +126,32 @@ async def test_redelivered_task_gets_the_identical_decision(
     assert sum(1 for e in ledger if e["node"] == node) <= 2
     keys = [k async for k in rstate.redis.scan_iter(rstate.key("led", "wf-a/0:*"))]
     assert len(keys) == 2  # attempt 0 and attempt 1
+
+
+DEEP = b"[" * 100_000 + b"]" * 100_000  # what one independent client sent
+
+
+async def test_a_deeply_nested_record_is_dead_lettered_and_the_daemon_goes_on(
+    settings, client: Client, start_daemon
+):
+    await client.heartbeats(2)
+    running = await start_daemon()
+    await client.send("tasks", DEEP, "deep")
+    await client.send("events", DEEP, "deep")
+    await client.workflow("after", n_tasks=1)
+    await client.ready("after", 0)
+    decisions = await client.wait("decisions", 1)
+    assert [(d.workflow_id, d.task) for d in decisions] == [("after", 0)]
+    dead = await client.wait("deadletter", 2)
+    assert sorted(d.topic for d in dead) == [settings.topic("events"), settings.topic("tasks")]
+    for d in dead:
+        assert d.original == DEEP
+        assert "nested deeper than" in d.reason, d.reason
+    assert (await running.health())["status"] == "ok"
+    # the updater is alive too: the one node that fits, heard of after the bad event, is used
+    big = NodeHeartbeatMsg(node="node-big", at=0.0, kind="cpu", zone=0, cores=64, mem_gb=64)
+    await client.send("events", big.encode(), "node-big")
+    await client.workflow("big", n_tasks=1, cores=40.0)
+    await client.ready("big", 0)
+    decisions = await client.wait("decisions", 2)
+    assert decisions[-1].workflow_id == "big" and decisions[-1].node == "node-big"
