@@ -29,7 +29,6 @@ from dagsched.schemas.messages import (
     MAX_MESSAGE_BYTES,
     MAX_MESSAGE_DEPTH,
     BadMessage,
-    DeadLetterMsg,
     NodeHeartbeatMsg,
     TaskFailedMsg,
     TaskFinishedMsg,
