@@ -30,8 +30,8 @@ def configure_logging(
     `json=None` picks JSON when the stream is not a TTY and the console renderer when it is.
     Safe to call again (e.g. in tests): it replaces the previous configuration.
     """
-    out = stream if stream is not None else sys.stderr
-    tty = _isatty(out)
+    out: Any = stream if stream is not None else _Stderr()
+    tty = _isatty(sys.stderr if stream is None else stream)
     use_json = not tty if json is None else json
     level_no = logging.getLevelNamesMapping()[level.upper()]
 
@@ -70,6 +70,17 @@ def configure_logging(
     root.setLevel(max(level_no, logging.WARNING))
     logging.getLogger("dagsched").setLevel(level_no)
     _route_mlflow_to_root()
+
+
+class _Stderr:
+    """`sys.stderr` as it is at each write, not as it was when logging was configured: a
+    command run in-process (a test's runner) swaps it for a stream it closes afterwards."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
 
 
 def _route_mlflow_to_root() -> None:

@@ -54,7 +54,7 @@ def test_eval_help_names_its_defaults():
     result = CliRunner().invoke(app, ["eval", "--help"], terminal_width=80)
     shown = _words(result.output)
     assert "Version, models:/NAME@alias, or bundle folder [default: champion]." in shown
-    assert "Comma-separated [default: model, baselines, mcts]." in shown
+    assert "Comma-separated policy names [default: the model, every baseline, mcts]." in shown
 
 
 def test_a_first_command_on_a_fresh_home_prints_no_mlflow_chatter(tmp_path, monkeypatch, capfd):
@@ -133,3 +133,4 @@ def test_the_shift_is_told_by_the_effects_switched_on():
     assert "memory peaks spread 2 times as wide" in both
     assert "up to 1.5 times slower" in both
     assert shift_effects({"oom_restart_s": 0.0, "mem_spread": 1.0}) == "no effect switched on"
+

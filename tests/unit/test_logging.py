@@ -40,3 +40,27 @@ def test_console_when_forced():
     assert "visible" in text and "k=v" in text
     with pytest.raises(json.JSONDecodeError):
         json.loads(text.splitlines()[0])
+
+
+def test_logs_follow_a_stderr_an_in_process_run_swapped_and_closed(capsys):
+    """A command run in-process (a test's runner) configures logging while stderr is the
+    runner's stream, which it closes afterwards; later log lines go to stderr as it is now."""
+    import io
+    import sys
+
+    import structlog
+
+    from dagsched.logging import configure_logging
+
+    before = sys.stderr
+    swapped = io.StringIO()
+    sys.stderr = swapped
+    try:
+        configure_logging(json=True)
+        structlog.get_logger("t").warning("during")
+    finally:
+        sys.stderr = before
+    assert "during" in swapped.getvalue()
+    swapped.close()
+    structlog.get_logger("t").warning("after")  # raised on the closed stream
+    assert "after" in capsys.readouterr().err
