@@ -78,7 +78,7 @@ class LearnerService:
         self.cfg = settings.learner
         self.registry = Registry(settings)
         # daemons reload a new @challenger or @shadow at once, not at their next poll
-        self.notify = redis_notifier(settings.redis_url, model_channel(settings))
+        self.notify = redis_notifier(settings, model_channel(settings))
         self.joiner = OutcomeJoiner(
             settings.sim.reward, self.cfg.outcome_timeout_s, settings.daemon.max_dag_tasks
         )
@@ -306,9 +306,9 @@ class EvaluatorService:
         self.lease: Lease | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
-        import redis.asyncio as aioredis
+        from dagsched.redis_connect import async_client
 
-        redis = aioredis.from_url(self.settings.redis_url)
+        redis = async_client(self.settings)
         lease = Lease(redis, self.settings.topic_prefix + LEASE_KEY, self.cfg.lease_ttl_s)
         self.lease = lease
         tick = self.cfg.lease_ttl_s / 3
