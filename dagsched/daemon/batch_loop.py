@@ -149,12 +149,18 @@ class BatchLoop:
                     await self._update_lag(consumer)
                 if not records:
                     await self.drain()  # nothing new: let the batch before commit first
-                    await self.store.maybe_resync()
+                # between any two batches: a loop under steady load is never idle, and its
+                # decisions stay in memory only until Redis has them back
+                await self.store.maybe_resync()
+                if not records:
                     continue
                 async with self.batch_lock:
                     await self._handle_batch(consumer, producer, records)
         finally:
             await self.drain()
+            # decisions made while Redis was away: a last try to store them before exiting
+            with contextlib.suppress(Exception):
+                await self.store.maybe_resync(now=True)
 
     async def drain(self) -> None:
         """Wait until the batch in flight (if any) is acked and committed (or given up); a
