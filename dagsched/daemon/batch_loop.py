@@ -94,6 +94,9 @@ class BatchLoop:
     stop) bounds how long a batch in flight may still wait for its acks. `batch_lock` is held
     while a batch is handled, so a rebalance can wait for it to commit."""
 
+    # decisions go out only once this many Redis replicas hold them (redis_wait_replicas)
+    fence: ReplicaWait | None = None
+
     def __init__(
         self,
         settings: Settings,
@@ -113,8 +116,6 @@ class BatchLoop:
         self.stats = stats
         self.stop_event = stop_event
         self.placer = Placer(settings, store, models, metrics, stats)
-        # decisions go out only once this many replicas hold them (redis_wait_replicas)
-        self.fence: ReplicaWait | None = None
         if settings.redis_wait_replicas:
             self.fence = ReplicaWait(rs.redis, settings, stats)
         self.batch_lock = asyncio.Lock()
