@@ -219,7 +219,11 @@ class Run:
             start = time.time()
             await self.wait(a.pre)
             self.console.log(f"fault: {name}")
-            at, back, notes = await faults[name]()
+            try:
+                at, back, notes = await faults[name]()
+            except Exception as exc:  # the harness failed to inject or undo it: say so, go on
+                self.console.log(f"[red]{name}: {exc}")
+                at, back, notes = start + a.pre, time.time(), {"error": str(exc)}
             self.console.log(f"recovered from {name} after {back - at:.1f} s")
             await self.wait(a.post)
             self.marks[name] = {
