@@ -11,13 +11,13 @@ cluster's heartbeats every second; a reader keeps every decision and dead letter
 Faults, in turn, each after `pre` seconds of steady load and followed by `post` seconds:
 - `redis_kill`: SIGKILL Redis, restart it empty 10 s later;
 - `redis_stop`: stop Redis (SIGTERM, the AOF is flushed) for 30 s, restart it with its data;
-- `broker`: stop the broker, restart it 10 s later (Tansu keeps its log in memory: it comes
-  back empty, topics are created again);
 - `mlflow`: stop the MLflow server for 60 s; a promotion (`dagsched models promote`) is tried
   during the outage and again after it;
 - `replica_kill`: SIGKILL daemon replica 0 under load (a batch is in flight at 200 tasks/s);
   a supervisor's restart 5 s later;
-- `replica_pause`: SIGSTOP replica 1 for the consumer session timeout (10 s) + 5 s, SIGCONT.
+- `replica_pause`: SIGSTOP replica 1 for the consumer session timeout (10 s) + 5 s, SIGCONT;
+- `broker`, last: stop the broker, restart it 10 s later (Tansu keeps its log in memory: it
+  comes back empty, topics are created again).
 
 Per fault: tasks sent, decided, lost (no decision, no dead letter; for `broker`, tasks the
 broker had acknowledged and lost with its log are counted apart), decided twice differently,
@@ -59,7 +59,9 @@ from harness.stack import REPO
 from rich.console import Console
 from rich.table import Table
 
-FAULTS = ("redis_kill", "redis_stop", "broker", "mlflow", "replica_kill", "replica_pause")
+# the broker last: Tansu comes back empty, and what follows from that (offsets committed
+# before the restart, past the new log's end) would be charged to the faults after it
+FAULTS = ("redis_kill", "redis_stop", "mlflow", "replica_kill", "replica_pause", "broker")
 SESSION_TIMEOUT_S = 10.0  # aiokafka's default session timeout (the daemon's consumer)
 
 
@@ -338,7 +340,7 @@ def _settle(
     last_bad = 0.0
     for lo in np.arange(0.0, float(t.max()) + 2.0, 2.0):
         window = lat[(t >= lo) & (t < lo + 2.0)]
-        if window.size and np.percentile(window, 99) > limit:
+        if window.size and not np.percentile(window, 99) <= limit:  # an undecided task: inf
             last_bad = float(lo + 2.0)
     return None if last_bad >= float(t.max()) else round(last_bad, 1)
 

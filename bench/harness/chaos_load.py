@@ -73,6 +73,7 @@ class Load:
                 "queue.buffering.max.messages": 2_000_000,
                 "message.timeout.ms": 120_000,  # a broker outage: deliver when it is back
                 "reconnect.backoff.max.ms": 500,
+                "log_level": 2,  # a broker away is the point: no connection errors on stderr
             }
         )
         self._stream = task_stream(tag, seed)
@@ -150,6 +151,7 @@ class Answers:
                 "auto.offset.reset": "earliest",  # an empty broker after a restart
                 "fetch.wait.max.ms": 5,
                 "topic.metadata.refresh.interval.ms": 1000,
+                "log_level": 2,
             }
         )
         self.decisions: dict[Key, list[tuple[float, bytes]]] = {}

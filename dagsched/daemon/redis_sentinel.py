@@ -30,13 +30,17 @@ def _binary() -> str:
     return binary
 
 
-def poll(cond: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Call `cond` until it returns something truthy (errors count as not yet)."""
+def poll(
+    cond: Callable[[], Any], timeout: float, what: str, fatal: type[Exception] | None = None
+) -> Any:
+    """Call `cond` until it returns something truthy (errors count as not yet, but `fatal`)."""
     deadline = time.monotonic() + timeout
     while True:
         try:
             value = cond()
-        except Exception:  # a server not listening yet
+        except Exception as exc:  # a server not listening yet
+            if fatal is not None and isinstance(exc, fatal):
+                raise
             value = None
         if value:
             return value
@@ -93,25 +97,16 @@ class RedisProcess:
             self.argv(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
         client = self.client()
+        proc = self.proc
+
+        def up() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(f"redis-server on {self.port} exited")
+            return bool(client.ping())
+
         try:
-
-            def up() -> bool:
-                if self.proc is not None and self.proc.poll() is not None:
-                    raise RuntimeError(f"redis-server on {self.port} exited")
-                return bool(client.ping())
-
-            deadline = time.monotonic() + timeout
-            while True:
-                try:
-                    if up():
-                        return self
-                except RuntimeError:
-                    raise
-                except Exception:  # still starting or loading
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"redis-server on {self.port} did not start")
-                time.sleep(POLL_S)
+            poll(up, timeout, f"redis-server on {self.port}", fatal=RuntimeError)
+            return self
         finally:
             client.close()
 
@@ -231,15 +226,13 @@ class SentinelSet:
         others = len(self.sentinel_ports) - 1
         for port in self.sentinel_ports:
             client = self._sentinel(port)
+
+            def sees_all(c: Any = client) -> bool:
+                m = c.sentinel_master(MASTER_NAME)
+                return bool(m["num-slaves"] >= 1 and m["num-other-sentinels"] >= others)
+
             try:
-                poll(
-                    lambda c=client: (
-                        (m := c.sentinel_master(MASTER_NAME))["num-slaves"] >= 1
-                        and m["num-other-sentinels"] >= others
-                    ),
-                    timeout,
-                    f"sentinel {port} to see the set",
-                )
+                poll(sees_all, timeout, f"sentinel {port} to see the set")
             finally:
                 client.close()
         return self
