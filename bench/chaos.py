@@ -137,7 +137,8 @@ class Run:
         after = await self.promote("2")
         served = await self.until(
             lambda: all(
-                (h := self.stack.health(i)) is not None and h["models"]["champion"] == "2"
+                (h := self.stack.health(i)) is not None
+                and str(h["models"]["champion"]).lstrip("v") == "2"
                 for i in range(len(self.stack.daemons))
             ),
             60,
@@ -280,9 +281,12 @@ class Run:
             at, back = m["fault_at"], m["recovered_at"]
             answers = {k: {raw for _, raw in ans.decisions.get(k, [])} for k in keys}
             refused = [k for k in keys if sent.acked.get(k) is False]
+            unacked = [k for k in keys if sent.acked.get(k) is None]
             decided = [k for k in keys if answers[k]]
             dead = [k for k in keys if not answers[k] and k in ans.dead]
-            missing = [k for k in keys if not answers[k] and k not in ans.dead and k not in refused]
+            # lost: the broker acknowledged it, and nothing answered it
+            missing = [k for k in keys if not answers[k] and k not in ans.dead
+                       and sent.acked.get(k) is True]  # fmt: skip
             in_log = []
             if name == "broker":  # acknowledged by the broker, then gone with its memory
                 in_log = [k for k in missing if sent.acked_at.get(k, at) < at]
@@ -296,6 +300,7 @@ class Run:
                 "lost": len(missing),
                 "lost_with_broker_log": len(in_log),
                 "refused_by_broker": len(refused),
+                "never_acknowledged": len(unacked),
                 "conflicting": len(conflicting),
                 "dead_lettered": len(dead),
                 "duplicates": sum(max(0, len(ans.decisions.get(k, [])) - 1) for k in keys),
@@ -357,8 +362,9 @@ def show(doc: dict[str, Any], console: Console) -> None:
     """The table: one row per fault."""
     t = Table(title=f"chaos at {doc['setup']['rate']:g} tasks/s (steady p99 "
               f"{doc['steady_p99_ms']:.0f} ms)")  # fmt: skip
-    cols = ("fault", "outage s", "sent", "decided", "lost", "conflicting", "dead-lettered",
-            "first decision s", "p99 during ms", "p99 after ms", "settle s")  # fmt: skip
+    cols = ("fault", "outage s", "sent", "not acked", "decided", "lost", "conflicting",
+            "dead-lettered", "first decision s", "p99 during ms", "p99 after ms",
+            "settle s")  # fmt: skip
     for c in cols:
         t.add_column(c, justify="left" if c == "fault" else "right")
 
@@ -370,7 +376,8 @@ def show(doc: dict[str, Any], console: Console) -> None:
         if r["lost_with_broker_log"]:
             lost += f" (+{r['lost_with_broker_log']:,} in the broker's log)"
         t.add_row(
-            name, f(r["outage_s"]), f(r["sent"]), f(r["decided"]), lost, f(r["conflicting"]),
+            name, f(r["outage_s"]), f(r["sent"]), f(r["never_acknowledged"]), f(r["decided"]),
+            lost, f(r["conflicting"]),
             f(r["dead_lettered"]), f(r["first_decision_s"]), f(r["p99_during_ms"]),
             f(r["p99_after_ms"]), f(r["settle_s"]),
         )  # fmt: skip

@@ -306,6 +306,8 @@ class EvaluatorService:
         self.lease: Lease | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
+        from redis.exceptions import RedisError
+
         from dagsched.redis_connect import async_client
 
         redis = async_client(self.settings)
@@ -314,7 +316,12 @@ class EvaluatorService:
         tick = self.cfg.lease_ttl_s / 3
         try:
             while not stop.is_set():
-                if await lease.acquire():
+                try:
+                    held = await lease.acquire()
+                except RedisError as exc:  # Redis away: nobody can hold the lease; try again
+                    log.warning("evaluator.redis_unreachable", error=str(exc))
+                    held = False
+                if held:
                     await self._serve(stop, lease, tick)
                 else:
                     with contextlib.suppress(TimeoutError):
