@@ -42,6 +42,27 @@ from dagsched.settings import Settings
 
 log = structlog.get_logger(__name__)
 
+
+async def commit(consumer: AIOKafkaConsumer, who: str) -> None:
+    """Commit the consumer's position; a failure (the group rebalanced while this process was
+    busy or the broker was away) is logged: the records are read again, not lost."""
+    from aiokafka.errors import KafkaError
+
+    try:
+        await consumer.commit()
+    except KafkaError as exc:
+        log.warning(f"{who}.commit_failed", error=str(exc))
+
+
+async def _renewed(lease: Lease) -> bool:
+    """Renew the lease; False when Redis does not answer (act only when sure)."""
+    from redis.exceptions import RedisError
+
+    try:
+        return await lease.acquire()
+    except RedisError:
+        return False
+
 LEASE_KEY = "dagsched:evaluator:lease"
 BUSY_RECHECK_S = 2.0  # how often a learner with a full window asks if the challenger is judged
 
@@ -117,7 +138,7 @@ class LearnerService:
                     self.rounds.append(version)
                     self.aliases.append(alias)
                     self.completed = 0
-                    await consumer.commit()
+                    await commit(consumer, "learner")
         finally:
             with contextlib.suppress(Exception):
                 await consumer.stop()
@@ -373,11 +394,11 @@ class EvaluatorService:
                     self.samples += sample is not None
                     action = self.judge.add(sample) if sample is not None else None
                     # act only under a lease just renewed, never on a stale belief
-                    if action is not None and await lease.acquire() and lease.valid:
+                    if action is not None and await _renewed(lease) and lease.valid:
                         await asyncio.to_thread(self._act, *action)
                         await self._refresh()
                 if got:
-                    await consumer.commit()
+                    await commit(consumer, "evaluator")
         finally:
             renewer.cancel()
             with contextlib.suppress(BaseException):
