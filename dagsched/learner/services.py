@@ -63,6 +63,7 @@ async def _renewed(lease: Lease) -> bool:
     except RedisError:
         return False
 
+
 LEASE_KEY = "dagsched:evaluator:lease"
 BUSY_RECHECK_S = 2.0  # how often a learner with a full window asks if the challenger is judged
 
