@@ -401,9 +401,19 @@ async def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     wall0 = time.monotonic()
     load0 = os.getloadavg()
     doc: dict[str, Any] = {"configs": {}}
-    async with local_stack(
-        "redis://127.0.0.1:1/0", name="throughput", say=console.log, private_redis=True
-    ) as stack:
+    # --sentinel: a primary, a replica and three sentinels (docs/operations/redis-failover.md)
+    from dagsched.daemon.redis_sentinel import SentinelSet
+
+    ha = await asyncio.to_thread(SentinelSet().start) if args.sentinel else None
+    over: dict[str, Any] = {"redis_wait_replicas": args.wait_replicas}
+    if ha is not None:
+        over.update({**ha.overrides(), "redis_url": ha.primary.url})
+    async with contextlib.AsyncExitStack() as exits, local_stack(
+        ha.primary.url if ha else "redis://127.0.0.1:1/0", name="throughput",
+        say=console.log, private_redis=ha is None, overrides=over,
+    ) as stack:  # fmt: skip
+        if ha is not None:
+            exits.callback(ha.stop)
         s = stack.settings
         registered = False
         loop_gnn = "closedloop" in args.configs and args.loop_policy == "gnn"
@@ -443,6 +453,8 @@ async def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         "loop_policy": args.loop_policy,
         "rates": list(RATES),
         "torch_threads": args.torch_threads,
+        "redis": "sentinel" if args.sentinel else "single",
+        "redis_wait_replicas": args.wait_replicas,
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
         "load_avg_start": load0,
@@ -474,6 +486,8 @@ def main() -> None:
     ap.add_argument("--served-nodes", default=",".join(map(str, SERVED_NODES)))
     ap.add_argument("--torch-threads", type=int, default=None)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--sentinel", action="store_true", help="Redis as primary+replica+sentinels")
+    ap.add_argument("--wait-replicas", type=int, default=0, help="redis_wait_replicas (WAIT)")
     args = ap.parse_args()
     args.configs = [c for c in args.configs.split(",") if c]
     args.latency_configs = set(args.latency_configs.split(","))

@@ -141,7 +141,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     async with local_stack(
         args.redis_url, name="switch", keep_home=args.keep_home, say=console.log
     ) as stack:
-        s, home, redis_url = stack.settings, stack.home, stack.redis_url
+        s, home = stack.settings, stack.home
         try:
             reg, v1, v2 = await asyncio.to_thread(setup_registry, s)
             console.log(f"registry: champion v{v1} (shipped), v{v2} (perturbed)")
@@ -172,7 +172,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             )
 
             notices: list[float] = []
-            publish = redis_notifier(redis_url, model_channel(s))
+            publish = redis_notifier(s, model_channel(s))
 
             def notify(message: str) -> None:
                 notices.append(time.time())

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -68,6 +68,15 @@ class Settings(BaseSettings):
     # endpoints: one setting each, so any real Kafka, Redis or MLflow server is one line away
     kafka_bootstrap: str = Field(default="127.0.0.1:9092", description="HOST:PORT[,HOST:PORT]")
     redis_url: str = "redis://127.0.0.1:6379/0"
+    # Redis Sentinel (docs/operations/redis-failover.md): when set, the primary is whichever
+    # server the sentinels name for `redis_master_name`; `redis_url` then gives only the
+    # database number and password
+    redis_sentinels: list[str] = Field(default_factory=list, description="HOST:PORT, ...")
+    redis_master_name: str | None = None
+    redis_wait_replicas: int = Field(
+        default=0, ge=0, le=16, description="replicas that must hold a decision before it is sent"
+    )
+    redis_wait_timeout_ms: int = Field(default=100, ge=1, le=60_000)
     topic_prefix: str = Field(default="", description="prepended to every topic name")
     mlflow_tracking_uri: str | None = Field(
         default=None, description="None: SQLite store and artifacts under `home`"
@@ -82,6 +91,31 @@ class Settings(BaseSettings):
     def topic(self, name: str) -> str:
         """The full name of topic `name` ("tasks", "decisions", ...) with the prefix."""
         return self.topic_prefix + getattr(self.topics, name)
+
+    @field_validator("redis_sentinels", mode="before")
+    @classmethod
+    def _sentinel_list(cls, value: Any) -> Any:
+        # one variable or flag spells the list as "h1:26379,h2:26379"
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("redis_sentinels")
+    @classmethod
+    def _sentinel_addresses(cls, value: list[str]) -> list[str]:
+        for item in value:
+            host, sep, port = item.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"a sentinel is HOST:PORT, got {item!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _sentinel_pair(self) -> Settings:
+        if self.redis_sentinels and not self.redis_master_name:
+            raise ValueError("redis_master_name: required when redis_sentinels is set")
+        if self.redis_master_name and not self.redis_sentinels:
+            raise ValueError("redis_sentinels: required when redis_master_name is set")
+        return self
 
     @field_validator("log_level")
     @classmethod

@@ -12,6 +12,10 @@
 - `traffic`: back-to-back closed-loop replays (`dagsched.daemon.replay`) in a process of their
   own, so they do not share a GIL with the bench; that file is the process's entry point.
 
+- `chaos_services` and `chaos_load`: bench/chaos.py's stack of processes it can take away
+  (Redis with an AOF, Tansu, an `mlflow server`, daemons, learner, evaluator) and its steady
+  load and per-task answers.
+
 Benchmarks run as scripts (`python bench/NAME.py`), so bench/ is on `sys.path` and they import
 this package as `harness` (e.g. `from harness.replicas import start_replica`). Used by
 bench/switch_time.py and bench/daemon_throughput.py.

@@ -118,8 +118,13 @@ def replica_env(index: int, settings: Settings, torch_threads: int | None) -> di
             "DAGSCHED_LOG_JSON": "true",
             "MLFLOW_DISABLE_TELEMETRY": "true",
             "PYTHONUNBUFFERED": "1",
+            "DAGSCHED_REDIS_WAIT_REPLICAS": str(settings.redis_wait_replicas),
+            "DAGSCHED_REDIS_WAIT_TIMEOUT_MS": str(settings.redis_wait_timeout_ms),
         }
     )
+    if settings.redis_sentinels:
+        env["DAGSCHED_REDIS_SENTINELS"] = ",".join(settings.redis_sentinels)
+        env["DAGSCHED_REDIS_MASTER_NAME"] = str(settings.redis_master_name)
     return env
 
 

@@ -149,7 +149,7 @@ def updater_cmd(
     settings = service_settings(ctx, bootstrap, redis_url, home)
 
     async def main(stop: asyncio.Event) -> None:
-        redis = connect(settings.redis_url)
+        redis = connect(settings)
         producer = make_producer(settings)
         await producer.start()
         try:

@@ -34,6 +34,7 @@ from dagsched.daemon.kafka import Output, dead_letter, produce_all
 from dagsched.daemon.metrics import DaemonMetrics
 from dagsched.daemon.placing import Hold, Placer
 from dagsched.daemon.redis_state import RedisState
+from dagsched.daemon.replication import ReplicaWait
 from dagsched.daemon.state_store import StateStore
 from dagsched.schemas.messages import (
     MAX_MESSAGE_BYTES,
@@ -96,6 +97,9 @@ class BatchLoop:
     stop) bounds how long a batch in flight may still wait for its acks. `batch_lock` is held
     while a batch is handled, so a rebalance can wait for it to commit."""
 
+    # decisions go out only once this many Redis replicas hold them (redis_wait_replicas)
+    fence: ReplicaWait | None = None
+
     def __init__(
         self,
         settings: Settings,
@@ -115,6 +119,8 @@ class BatchLoop:
         self.stats = stats
         self.stop_event = stop_event
         self.placer = Placer(settings, store, models, metrics, stats)
+        if settings.redis_wait_replicas:
+            self.fence = ReplicaWait(rs.redis, settings, stats)
         self.batch_lock = asyncio.Lock()
         self._in_flight: asyncio.Task[None] | None = None  # the batch being acked, committed
         # freeze what lives long (modules, torch, the model) out of the collector's sight: a
@@ -147,12 +153,18 @@ class BatchLoop:
                     await self._update_lag(consumer)
                 if not records:
                     await self.drain()  # nothing new: let the batch before commit first
-                    await self.store.maybe_resync()
+                # between any two batches: a loop under steady load is never idle, and its
+                # decisions stay in memory only until Redis has them back
+                await self.store.maybe_resync()
+                if not records:
                     continue
                 async with self.batch_lock:
                     await self._handle_batch(consumer, producer, records)
         finally:
             await self.drain()
+            # decisions made while Redis was away: a last try to store them before exiting
+            with contextlib.suppress(Exception):
+                await self.store.maybe_resync(now=True)
 
     async def drain(self) -> None:
         """Wait until the batch in flight (if any) is acked and committed (or given up); a
@@ -229,7 +241,9 @@ class BatchLoop:
         fetched: float,
     ) -> None:
         """Produce the batch's outputs while its decision logs are kept in Redis, wait for
-        every ack and the logs, then commit `{partition: last offset + 1}`.
+        every ack and the logs, then commit `{partition: last offset + 1}`. With
+        `redis_wait_replicas`, the batch first waits for that many Redis replicas to hold
+        what it wrote, decisions and workflows (`ReplicaWait`).
 
         The decisions are stored (`decide_many`) before this runs: that is what makes a
         redelivery answer the same. The Redis decision log is best effort, for `explain`,
@@ -237,6 +251,8 @@ class BatchLoop:
         round trip (and the log's compression) longer from its reader. The commit still
         waits for both, so a committed batch has its logs kept."""
         give_up = None if self.stop_at is None else self.stop_at + self.cfg.grace_s
+        if self.fence is not None and not self.store.degraded:  # its workflows too
+            await self.fence()
         produced = produce_all(producer, outputs, give_up, self.metrics.kafka_errors.inc)
         if logs and not self.store.degraded:
             ok, _ = await asyncio.gather(produced, self._keep_logs(logs))

@@ -34,9 +34,8 @@ from typing import Any
 
 import numpy as np
 import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 
+from dagsched import redis_connect
 from dagsched.core.history import FamilyStats
 from dagsched.core.view import NODE_KINDS, ClusterView
 from dagsched.core.workflow import TASK_TYPE_NAMES
@@ -56,15 +55,9 @@ LOG_ENTRY_OVERHEAD = 64  # first guess of what an entry costs beyond its values;
 LOG_CALIBRATE_EVERY = 64  # writes between measurements of what an entry really costs
 
 
-def connect(url: str, timeout_s: float = 1.0) -> aioredis.Redis:
+def connect(settings: Settings, timeout_s: float = 1.0) -> aioredis.Redis:
     """An asyncio Redis client that fails fast (the daemon degrades instead of waiting)."""
-    return aioredis.from_url(
-        url,
-        socket_timeout=timeout_s,
-        socket_connect_timeout=timeout_s,
-        retry=Retry(NoBackoff(), 1),
-        health_check_interval=0,
-    )
+    return redis_connect.async_client(settings, timeout_s=timeout_s, fail_fast=True)
 
 
 @dataclass(frozen=True, slots=True)

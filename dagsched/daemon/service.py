@@ -113,7 +113,7 @@ class Daemon:
             version_of=version_of or serving.alias_version,
         )
         self._own_redis = redis is None
-        self.redis = redis if redis is not None else connect(settings.redis_url)
+        self.redis = redis if redis is not None else connect(settings)
         self.rs = RedisState(self.redis, settings)
         self.store = StateStore(self.rs, self._parse_workflow)
         self.metrics_port = self.cfg.metrics_port if metrics_port is None else metrics_port

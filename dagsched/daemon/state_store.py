@@ -77,9 +77,10 @@ class StateStore:
     def _ok(self) -> None:
         self.last_ok = time.monotonic()
 
-    async def maybe_resync(self) -> None:
-        """When degraded and the backoff has passed: write back local work, leave degraded."""
-        if not self.degraded or time.monotonic() < self._next_try:
+    async def maybe_resync(self, now: bool = False) -> None:
+        """When degraded and the backoff has passed (or `now`): write back local work, leave
+        degraded."""
+        if not self.degraded or (time.monotonic() < self._next_try and not now):
             return
         try:
             await self.rs.redis.ping()

@@ -42,6 +42,28 @@ from dagsched.settings import Settings
 
 log = structlog.get_logger(__name__)
 
+
+async def commit(consumer: AIOKafkaConsumer, who: str) -> None:
+    """Commit the consumer's position; a failure (the group rebalanced while this process was
+    busy or the broker was away) is logged: the records are read again, not lost."""
+    from aiokafka.errors import KafkaError
+
+    try:
+        await consumer.commit()
+    except KafkaError as exc:
+        log.warning(f"{who}.commit_failed", error=str(exc))
+
+
+async def _renewed(lease: Lease) -> bool:
+    """Renew the lease; False when Redis does not answer (act only when sure)."""
+    from redis.exceptions import RedisError
+
+    try:
+        return await lease.acquire()
+    except RedisError:
+        return False
+
+
 LEASE_KEY = "dagsched:evaluator:lease"
 BUSY_RECHECK_S = 2.0  # how often a learner with a full window asks if the challenger is judged
 
@@ -78,7 +100,7 @@ class LearnerService:
         self.cfg = settings.learner
         self.registry = Registry(settings)
         # daemons reload a new @challenger or @shadow at once, not at their next poll
-        self.notify = redis_notifier(settings.redis_url, model_channel(settings))
+        self.notify = redis_notifier(settings, model_channel(settings))
         self.joiner = OutcomeJoiner(
             settings.sim.reward, self.cfg.outcome_timeout_s, settings.daemon.max_dag_tasks
         )
@@ -117,7 +139,7 @@ class LearnerService:
                     self.rounds.append(version)
                     self.aliases.append(alias)
                     self.completed = 0
-                    await consumer.commit()
+                    await commit(consumer, "learner")
         finally:
             with contextlib.suppress(Exception):
                 await consumer.stop()
@@ -306,15 +328,22 @@ class EvaluatorService:
         self.lease: Lease | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
-        import redis.asyncio as aioredis
+        from redis.exceptions import RedisError
 
-        redis = aioredis.from_url(self.settings.redis_url)
+        from dagsched.redis_connect import async_client
+
+        redis = async_client(self.settings)
         lease = Lease(redis, self.settings.topic_prefix + LEASE_KEY, self.cfg.lease_ttl_s)
         self.lease = lease
         tick = self.cfg.lease_ttl_s / 3
         try:
             while not stop.is_set():
-                if await lease.acquire():
+                try:
+                    held = await lease.acquire()
+                except RedisError as exc:  # Redis away: nobody can hold the lease; try again
+                    log.warning("evaluator.redis_unreachable", error=str(exc))
+                    held = False
+                if held:
                     await self._serve(stop, lease, tick)
                 else:
                     with contextlib.suppress(TimeoutError):
@@ -366,11 +395,11 @@ class EvaluatorService:
                     self.samples += sample is not None
                     action = self.judge.add(sample) if sample is not None else None
                     # act only under a lease just renewed, never on a stale belief
-                    if action is not None and await lease.acquire() and lease.valid:
+                    if action is not None and await _renewed(lease) and lease.valid:
                         await asyncio.to_thread(self._act, *action)
                         await self._refresh()
                 if got:
-                    await consumer.commit()
+                    await commit(consumer, "evaluator")
         finally:
             renewer.cancel()
             with contextlib.suppress(BaseException):

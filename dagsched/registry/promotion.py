@@ -21,6 +21,7 @@ import structlog
 from dagsched.registry.errors import RegistryError
 from dagsched.registry.serving import model_channel
 from dagsched.registry.store import CHALLENGER, CHAMPION, PREVIOUS, SHADOW, Registry
+from dagsched.settings import Settings
 
 log = structlog.get_logger(__name__)
 
@@ -28,13 +29,15 @@ Notify = Callable[[str], None]
 AUDIT_SUFFIX = "-audit"
 
 
-def redis_notifier(redis_url: str, channel: str) -> Notify:
+def redis_notifier(settings: Settings, channel: str) -> Notify:
     """Publish a notice on `channel` (best effort: daemons poll as well)."""
 
     def publish(message: str) -> None:
         import redis
 
-        client = redis.Redis.from_url(redis_url, socket_connect_timeout=2, socket_timeout=2)
+        from dagsched.redis_connect import sync_client
+
+        client = sync_client(settings, connect_timeout_s=2, timeout_s=2)
         try:
             client.publish(channel, message)
         except redis.RedisError as exc:
@@ -51,7 +54,7 @@ class Promoter:
     def __init__(self, registry: Registry, notify: Notify | None = None) -> None:
         self.registry = registry
         s = registry.settings
-        self.notify = notify or redis_notifier(s.redis_url, model_channel(s))
+        self.notify = notify or redis_notifier(s, model_channel(s))
 
     def promote(
         self, version: str, reason: str, actor: str, stats: dict[str, Any] | None = None

@@ -113,3 +113,39 @@ async def test_two_evaluators_never_both_act(settings: Settings, redis: aioredis
     assert [t.exception() for t in tasks] == [None, None]
     assert await redis.exists(key) == 0  # a stopping holder releases its lease
     assert verdicts == []  # nothing to judge: no challenger
+
+
+async def test_an_evaluator_waits_out_a_redis_outage(settings: Settings) -> None:
+    # Redis goes away and comes back on the same port: the evaluator keeps running without
+    # the lease, then takes it again (without the guard, its first failed acquire ended it)
+    from structlog.testing import capture_logs
+
+    from dagsched.daemon.redis_server import RedisServer
+
+    server = RedisServer().start()
+    ev = settings.evaluator.model_copy(update={"lease_ttl_s": 0.6})
+    s = settings.model_copy(update={"redis_url": server.url, "evaluator": ev})
+    stop = asyncio.Event()
+    key = s.topic_prefix + LEASE_KEY
+    client = aioredis.from_url(server.url)
+    with capture_logs() as logs:
+        task = asyncio.create_task(EvaluatorService(s, lambda _r: None).run(stop))
+        try:
+            await wait_for(lambda: client.exists(key), 30, "the lease")
+            await client.aclose()
+            server.stop()
+            await wait_for(
+                lambda: any(e["event"] == "evaluator.redis_unreachable" for e in logs),
+                30,
+                "an acquire to fail",
+            )
+            assert not task.done()
+            server.start()
+            client = aioredis.from_url(server.url)
+            await wait_for(lambda: client.exists(key), 30, "the lease taken again")
+            assert not task.done()
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 30)
+            await client.aclose()
+            server.stop()

@@ -28,10 +28,11 @@ LAYERS: dict[str, int] = {
     "core": 1,  # the shared domain: workflows, views, bounds, history, the observation
     "sim": 2,
     # top-level modules that DESIGN.md's table does not list: the typed settings (they embed
-    # sim's scenario config), the services' settings and the logging setup
+    # sim's scenario config), the services' settings, the logging setup, the Redis clients
     "settings": 3,
     "service_config": 3,
     "logging": 3,
+    "redis_connect": 3,  # every Redis client (a URL or Sentinel): serving and learning use it
     "policy": 4,
     "registry": 5,
     "learner": 6,

@@ -48,11 +48,11 @@ class DecisionStore:
     """
 
     def __init__(self, settings: Settings) -> None:
-        import redis
+        from dagsched.redis_connect import describe, sync_client
 
-        self.url = settings.redis_url
+        self.url = describe(settings)
         self.prefix = f"{settings.topic_prefix}dagsched:"
-        self.redis = redis.Redis.from_url(self.url, socket_connect_timeout=2, socket_timeout=10)
+        self.redis = sync_client(settings, connect_timeout_s=2, timeout_s=10)
 
     def _call(self, fn: Any, *args: Any, **kw: Any) -> Any:
         import redis
