@@ -128,12 +128,31 @@ class TrainSettings(_Strict):
     kl_coef: float = Field(default=0.0, ge=0)
     # stop an update's epochs once the mean KL to the base passes this; None: no budget
     kl_budget: float | None = Field(default=None, gt=0)
+    # the residuals training may move from the base; the others stay exactly at heft_history's
+    # choice (node: the node scores; cpu, mem, max_retries, priority: the values' shifts)
+    residuals: tuple[Literal["node", "cpu", "mem", "max_retries", "priority"], ...] = (
+        "node",
+        "cpu",
+        "mem",
+        "max_retries",
+        "priority",
+    )
+    # workflows per training episode: a few dozen is mostly the ramp-up from an empty cluster,
+    # a few hundred is the steady state the evaluation measures
+    episode_workflows: int = Field(default=24, ge=1)
     # width of the network's embeddings and MLPs (`ModelConfig.hidden`)
     hidden: int = Field(default=64, ge=8, le=1024)
     # deadline slack of the training scenarios (deadline = critical path x slack), when it
     # should differ from `sim.workload.slack`: tighter deadlines make the reward's deadline
     # term speak where the default ones are always met. Evaluation keeps `sim`'s.
     deadline_slack: tuple[float, float] | None = None
+
+    @field_validator("residuals")
+    @classmethod
+    def _residuals(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if not v or len(set(v)) != len(v):
+            raise ValueError("name each residual once, at least one")
+        return v
 
     @field_validator("load_range")
     @classmethod

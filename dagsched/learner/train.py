@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from dagsched.core.bounds import ACTION_NAMES
 from dagsched.core.observation import ANCHOR_FLOOR, Observation, observe
 from dagsched.learner.curriculum import Curriculum
 from dagsched.learner.input_baseline import input_driven_advantages, returns_to_go
@@ -137,6 +138,27 @@ def demonstrations(
     return obs, nodes, units
 
 
+def hold_residuals(model: ActorCritic, trained: tuple[str, ...]) -> None:
+    """Keep every residual not in `trained` where it starts, at zero: gradient hooks zero the
+    parameters that produce it (the whole node scorer; a value's shift and concentration rows
+    of the continuous head's last layer). Those start at zero weights, so the residual stays
+    exactly zero however the shared layers below it move. Adam leaves a parameter whose
+    gradient is always zero where it is."""
+    if "node" not in trained:
+        for p in model.scorer.parameters():
+            p.register_hook(torch.zeros_like)
+    held = [i for i, name in enumerate(ACTION_NAMES) if name not in trained]
+    if not held:
+        return
+    last = model.cont_head[-1]
+    assert isinstance(last, torch.nn.Linear)
+    keep = torch.ones(last.out_features, 1)
+    for i in held:
+        keep[2 * i : 2 * i + 2] = 0.0  # the value's shift and concentration rows
+    last.weight.register_hook(lambda g: g * keep.to(g.device))
+    last.bias.register_hook(lambda g: g * keep[:, 0].to(g.device))
+
+
 def imitate(
     model: ActorCritic,
     normalizer: FeatureNormalizer,
@@ -194,8 +216,9 @@ def train(
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     seed_everything(seed)
     started = time.perf_counter()
-    curriculum = Curriculum(scenario, load=hp.load_range)
+    curriculum = Curriculum(scenario, hp.episode_workflows, load=hp.load_range)
     model = ActorCritic(ModelConfig(hidden=hp.hidden)).to(device)
+    hold_residuals(model, hp.residuals)
     critic = [p for n, p in model.named_parameters() if n.split(".")[0] == "critic"]
     rest = [p for n, p in model.named_parameters() if n.split(".")[0] != "critic"]
     # one parameter group unless the critic has its own rate: checkpoints of runs before

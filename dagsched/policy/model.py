@@ -87,9 +87,14 @@ class PolicyOutput:
 def residual(a: Tensor, shift: Tensor) -> Tensor:
     """sigmoid(logit(a) + shift) - a, computed so that a zero shift gives exactly 0: with
     e = exp(-|shift|), a(1-a)(1-e) / (a + (1-a)e) for shift >= 0 and
-    -a(1-a)(1-e) / (1-a + a e) below (the same function, without overflow)."""
-    e = torch.exp(-shift.abs())
-    up = a * (1 - a) * -torch.expm1(-shift.abs())
+    -a(1-a)(1-e) / (1-a + a e) below (the same function, without overflow).
+
+    |shift| is written as a `where`, not `abs`: autograd gives `abs` a zero slope at 0, where
+    every zero-initialised head starts, and the shifts would never leave it. Through the
+    `where` the slope at 0 is a(1-a), the true derivative."""
+    mag = torch.where(shift >= 0, shift, -shift)
+    e = torch.exp(-mag)
+    up = a * (1 - a) * -torch.expm1(-mag)
     return torch.where(shift >= 0, up / (a + (1 - a) * e), -up / (1 - a + a * e))
 
 

@@ -140,12 +140,33 @@ def test_input_driven_ppo_moves_from_the_base_within_its_kl_budget() -> None:
                        sink=lambda m, _s: seen.update(m), device=torch.device("cpu"))  # fmt: skip
         return seen, result.model.scorer[-1].weight.detach()
 
-    loose, moved = one_update(10.0)
+    loose, moved = one_update(1e9)
     assert moved.abs().sum() > 0  # the residual left zero
     assert loose["losses/epochs"] == 4 and loose["losses/kl_to_base"] > 0
     assert loose["charts/episode_jct_s"] > 0  # whole episodes were played
     tight, _ = one_update(1e-9)
     assert tight["losses/epochs"] == 1
+
+
+def test_only_the_named_residuals_leave_the_base() -> None:
+    """Training the priority residual alone moves its shift rows, and leaves the node scorer
+    and the other values' rows exactly where they started (zero: served as the base)."""
+    sc = replace(_scenario(), cluster=ScenarioConfig().cluster.scaled(8))
+    hp = TINY.model_copy(
+        update={"advantage": "input", "num_envs": 2, "update_epochs": 2,
+                "learning_rate": 3e-3, "minibatch_size": 32, "residuals": ("priority",)}
+    )  # fmt: skip
+    model = train(sc, hp, seed=5, updates=1, imitation_episodes=1,
+                  device=torch.device("cpu")).model  # fmt: skip
+    last = model.cont_head[-1]
+    priority = 2 * 3  # (cpu, mem, max_retries, priority): shift row, then concentration row
+    assert last.weight[priority].abs().sum() > 0
+    held = [r for r in range(last.out_features) if r not in (priority, priority + 1)]
+    assert last.weight[held].abs().sum() == 0
+    assert (last.bias[held[0::2]] == 0).all()  # the held shifts
+    assert all((p == 0).all() for p in model.scorer[-1].parameters())
+    with pytest.raises(SettingsError, match="residuals"):
+        load_settings(overrides={"train.residuals": []}, environ={})
 
 
 def test_reward_scaler_tracks_the_discounted_return() -> None:

@@ -19,7 +19,7 @@ from dagsched.core.heft import HeftHistory, heft_order
 from dagsched.core.scheduler import Placement
 from dagsched.core.view import TaskView
 from dagsched.policy.collate import collate
-from dagsched.policy.model import ActorCritic, ModelConfig, kl_to_base
+from dagsched.policy.model import ActorCritic, ModelConfig, kl_to_base, residual
 from dagsched.policy.normalizer import FeatureNormalizer
 from dagsched.policy.scheduler import GNNScheduler
 from dagsched.sim.config import ScenarioConfig
@@ -110,3 +110,18 @@ def test_the_kl_to_the_base_is_zero_at_the_start_and_grows_with_the_residual(
             )
     assert kls[0] == pytest.approx(0.0, abs=1e-6)
     assert 0 < kls[1] < kls[2]
+
+
+def test_a_zero_shift_has_the_true_slope_so_training_can_leave_the_base() -> None:
+    """At the zero every head starts from, d residual / d shift is a(1-a) - the derivative of
+    sigmoid(logit(a) + shift) - and the value is exactly 0. A slope of 0 there (autograd's
+    choice for |x| at 0) would hold the shifts at the base forever."""
+    a = torch.tensor([0.02, 0.3, 0.5, 0.9], dtype=torch.float64)
+    shift = torch.zeros_like(a, requires_grad=True)
+    value = residual(a, shift)
+    (grad,) = torch.autograd.grad(value.sum(), shift)
+    assert (value == 0).all()
+    assert torch.allclose(grad, a * (1 - a))
+    for s in (-3.0, -1e-4, 1e-4, 3.0):  # and the value is sigmoid's, either side
+        moved = residual(a, torch.full_like(a, s))
+        assert torch.allclose(moved, torch.sigmoid(torch.logit(a) + s) - a)
