@@ -1,7 +1,7 @@
 """PPO tries from the heft_history warm start: train with TrainSettings overrides (and,
 optionally, other reward weights for training), then evaluate like `dagsched eval` on
-held-out seeds at loads 0.8 and 0.95 against heft_history and heft; optionally with exact
-truth too.
+held-out seeds at loads 0.8 and 0.95 against heft_history_srpt (the policy's base) and FIFO
+heft_history; optionally with exact truth too.
 
     python experiments/ppo_tries.py --minutes 15 --seed 4 --set critic_warmup_updates=20 \\
         --set reward_norm=true --label warmup --out OUT/tries
@@ -48,7 +48,7 @@ def _kv(items: list[str]) -> dict[str, Any]:
 
 
 def eval_rows(sched: GNNScheduler, seeds: int, workflows: int, exact: bool) -> list[dict[str, Any]]:
-    """Rows of the model, heft_history and heft at loads 0.8 and 0.95 (and `exact`)."""
+    """Rows of the model, heft_history and heft_history_srpt at loads 0.8 and 0.95 (and `exact`)."""
     base = ScenarioConfig()
     keep = {f"load:{load}" for load in LOADS}
     cases = [c for c in scenarios(base, workflows, (), LOADS) if c.name in keep]
@@ -59,16 +59,17 @@ def eval_rows(sched: GNNScheduler, seeds: int, workflows: int, exact: bool) -> l
             for c in scenarios(ex, workflows, (), LOADS)
             if c.name in keep
         ]
-    policies = make_policies(["model", "heft_history", "heft"], sched, "model", 1)
+    policies = make_policies(["model", "heft_history", "heft_history_srpt"], sched, "model", 1)
     return evaluate(cases, policies, seeds)
 
 
 def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per scenario: the model against heft_history (and heft on exact truth)."""
+    """Per scenario: the model against heft_history_srpt (its base, the best baseline) and
+    FIFO heft_history."""
     by = {(r["scenario"], r["policy"]): r for r in rows}
     out = []
     for sc in dict.fromkeys(r["scenario"] for r in rows):
-        m, hh, h = by[(sc, "model")], by[(sc, "heft_history")], by[(sc, "heft")]
+        m, hh, h = by[(sc, "model")], by[(sc, "heft_history_srpt")], by[(sc, "heft_history")]
         out.append(
             {
                 "scenario": sc,
@@ -76,9 +77,9 @@ def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "hh_sla": hh["sla_attainment"],
                 "model_jct": m["mean_jct_s"],
                 "hh_jct": hh["mean_jct_s"],
-                "heft_jct": h["mean_jct_s"],
+                "fifo_jct": h["mean_jct_s"],
                 "jct_vs_hh": m["mean_jct_s"] / hh["mean_jct_s"] - 1,
-                "jct_vs_heft": m["mean_jct_s"] / h["mean_jct_s"] - 1,
+                "jct_vs_fifo": m["mean_jct_s"] / h["mean_jct_s"] - 1,
                 "cost_vs_hh": m["cost_core_s"] / hh["cost_core_s"] - 1,
                 "model_oom": m["oom_kills"],
             }
@@ -110,6 +111,7 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], help="TrainSettings key=value")
     ap.add_argument("--reward", action="append", default=[], help="training reward weight k=v")
     ap.add_argument("--imitation-epochs", type=int, default=4)
+    ap.add_argument("--warm-start", default=None, help="imitate this heuristic first")
     ap.add_argument("--imitation-episodes", type=int, default=8)
     ap.add_argument("--eval-only", type=Path, default=None, help="a bundle to evaluate")
     ap.add_argument("--eval-seeds", type=int, default=4)
@@ -165,6 +167,7 @@ def main() -> None:
             seed=args.seed,
             checkpoint=ckpt,
             imitation_epochs=args.imitation_epochs,
+            warm_start=args.warm_start,
             imitation_episodes=args.imitation_episodes,
             device=torch.device("cpu"),
             on_update=on_update,
@@ -205,9 +208,9 @@ def main() -> None:
     print(f"{args.label} (commit {commit}, {doc.get('train_s', 0)} s training)")
     for s in doc["summary"]:
         print(
-            f"  {s['scenario']:>18}  SLA {s['model_sla']:.3f} vs hh {s['hh_sla']:.3f}  "
-            f"JCT {s['model_jct']:.0f} vs hh {s['hh_jct']:.0f} ({s['jct_vs_hh']:+.1%}; "
-            f"vs heft {s['jct_vs_heft']:+.1%})  cost {s['cost_vs_hh']:+.1%}  "
+            f"  {s['scenario']:>18}  SLA {s['model_sla']:.3f} vs srpt {s['hh_sla']:.3f}  "
+            f"JCT {s['model_jct']:.0f} vs srpt {s['hh_jct']:.0f} ({s['jct_vs_hh']:+.1%}; "
+            f"vs fifo {s['jct_vs_fifo']:+.1%})  cost {s['cost_vs_hh']:+.1%}  "
             f"oom {s['model_oom']:.1f}"
         )
     for snap in doc.get("snapshots", []):
