@@ -220,10 +220,25 @@ class ReplaySettings(_Strict):
     seed: int = 0
 
 
+class CanarySettings(_Strict):
+    """The challenger's live slice as a non-inferiority guardrail (`learner.canary`)."""
+
+    # challenger workflows the slice must serve before a replay win can promote it
+    min_workflows: int = Field(default=50, ge=1)
+    # retire the challenger once its slice is significantly worse than the champion's by more
+    # than this: SLA attainment in points, speed (-log(JCT / deadline)) ~ relative JCT
+    margin_sla: float = Field(default=0.05, ge=0)
+    margin_speed: float = Field(default=0.05, ge=0)
+
+
 class EvaluatorSettings(_Strict):
-    """`dagsched evaluator`: the sequential A/B test, the guardrail and the Redis lease."""
+    """`dagsched evaluator`: the replay judge, the canary, the guardrail and the Redis lease."""
 
     group_id: str = "dagsched-evaluator"
+    # what promotes a challenger: "replay" (the paired replay judge's verdict and a clean
+    # canary: the live slice is only a non-inferiority guardrail) or "ab" (the per-workflow
+    # A/B test alone, which cannot see a gain the whole cluster shares)
+    judge: Literal["replay", "ab"] = "replay"
     alpha: float = Field(default=0.05, gt=0, lt=1)
     min_samples: int = Field(default=100, ge=2)  # workflows per arm before any verdict
     max_samples: int = Field(default=5000, ge=2)  # challenger workflows: then retire
@@ -239,3 +254,4 @@ class EvaluatorSettings(_Strict):
     guardrail_window: int = Field(default=200, ge=2)  # new-champion workflows watched
     lease_ttl_s: float = Field(default=10.0, gt=0)
     replay: ReplaySettings = Field(default_factory=ReplaySettings)
+    canary: CanarySettings = Field(default_factory=CanarySettings)

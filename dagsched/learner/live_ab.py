@@ -19,14 +19,15 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from dagsched.learner.adjustment import Congestion, congestion, covariates
+from dagsched.learner.canary import CanaryCheck, CanaryRule, check
 from dagsched.learner.decision_log import DecisionLogError, decode_view
 from dagsched.learner.joining import Joined, OutcomeJoiner
 from dagsched.learner.sequential import ABTest, DecisionRule, Running, Verdict, compare
 from dagsched.schemas.messages import DecisionBatchMsg
 from dagsched.service_config import EvaluatorSettings
+from dagsched.sim.replay_world import FAILED_JCT_RATIO  # the replay judge counts failures alike
 
 MAX_UNFINISHED = 100_000  # workflows whose covariates wait for their outcome
-FAILED_JCT_RATIO = 2.0  # a failed workflow's speed counts it at least twice its deadline
 
 
 def rule_from(cfg: EvaluatorSettings) -> DecisionRule:
@@ -77,6 +78,7 @@ class Sample:
     reward: float
     speed: float  # workflow_speed
     covariates: tuple[float, ...] | None = None  # adjustment.covariates, for the test
+    jct_s: float = 0.0  # from arrival to its last task's end (or to the failure that ended it)
 
 
 class WorkflowOutcomes:
@@ -139,6 +141,7 @@ class WorkflowOutcomes:
             sum(t.rewards) / len(t.rewards),
             speed,
             x,
+            end - wf.arrival_s,
         )
 
 
@@ -157,14 +160,22 @@ class Judge:
     that watches a freshly promoted champion against the one it replaced: after the test
     promoted it (`promoted`), or after a promotion by hand (`versions` sees the champion
     change with the old one as `previous`; the baseline is then the old champion's SLA over
-    every workflow it served while this judge watched)."""
+    every workflow it served while this judge watched).
 
-    def __init__(self, rule: DecisionRule, guardrail_window: int) -> None:
+    With a `canary` rule the test promotes nothing: it is the challenger slice's
+    non-inferiority guardrail (`learner.canary`), which retires a challenger whose slice is
+    worse than the margin and tells (`canary`) whether a replay win may promote."""
+
+    def __init__(
+        self, rule: DecisionRule, guardrail_window: int, canary: CanaryRule | None = None
+    ) -> None:
         self.rule = rule
         self.guardrail_window = guardrail_window
+        self.canary_rule = canary
         self.champion: str | None = None
         self.challenger: str | None = None
         self.test = ABTest(rule)
+        self.canary: CanaryCheck | None = None  # the canary after the last challenger sample
         self.watch: tuple[str, Running, Running] | None = None  # (new champion, old, new)
         self.served = Running()  # SLA of every workflow the current champion served
 
@@ -186,6 +197,7 @@ class Judge:
         if (champion, challenger) != (self.champion, self.challenger):
             self.champion, self.challenger = champion, challenger
             self.test = ABTest(self.rule)
+            self.canary = None
 
     def promoted(self) -> None:
         """Start the guardrail: the old champion's SLA so far against the new one's."""
@@ -210,6 +222,15 @@ class Judge:
         if arm is None or self.challenger is None:
             return None
         self.test.add(arm, s.sla, s.reward, s.speed, s.covariates)
+        if self.canary_rule is not None:
+            self.canary = check(self.test, self.canary_rule)
+            if self.canary.status == "worse":
+                return "retire", self.canary.verdict
+            if self.canary.workflows >= self.rule.max_samples:  # no replay verdict in time
+                v = self.canary.verdict
+                why = f"budget of {self.rule.max_samples} challenger workflows spent"
+                return "retire", Verdict("retire", why, v.rule, v.stats)
+            return None
         if self.test.arms[arm]["sla"].n % 10:
             return None  # the test is valid at any time; checking every 10th sample is cheaper
         v = self.test.verdict()

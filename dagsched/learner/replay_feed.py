@@ -2,7 +2,9 @@
 
 `MessageFeed` reads the decoded messages the evaluator consumes (`dagsched.tasks`: workflows;
 `dagsched.events`: heartbeats, attempt starts and ends, node failures) into a
-`TrafficRecorder`; finished workflows come from the evaluator's per-workflow samples.
+`TrafficRecorder`, and learns the per-family history from the attempts' end events with the
+same arithmetic as the simulator and the daemon's updater (`core.history`); finished
+workflows come from the evaluator's per-workflow samples.
 `SimFeed` does the same for a simulator run (the in-process loop, `models compare` without
 live traffic): arrivals as the generator hands them over, attempt ends from the outcome hook,
 nodes and fault counts from what the simulator's node agents would report. Neither reads the
@@ -12,12 +14,13 @@ hidden truth: both give the judge what the events carry.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Iterator
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from dagsched.core.history import FamilyStats
+from dagsched.core.history import FamilyStats, History, measured_ratios
 from dagsched.core.wire import to_workflow
-from dagsched.core.workflow import Workflow
+from dagsched.core.workflow import TASK_TYPE_NAMES, Workflow
 from dagsched.learner.replay_judge import ObservedWindow, TrafficRecorder
 from dagsched.schemas.messages import (
     NodeDownMsg,
@@ -35,21 +38,50 @@ if TYPE_CHECKING:
     from dagsched.sim.engine import Simulator
 
 
-class MessageFeed:
-    """Decoded wire messages -> a `TrafficRecorder`."""
+# workflows whose declarations the history reads their tasks' end events against; the
+# oldest are dropped past this (a task ending later then teaches the history nothing)
+MAX_DECLARED = 20_000
 
-    def __init__(self, recorder: TrafficRecorder, max_dag_tasks: int = 5000) -> None:
+
+class MessageFeed:
+    """Decoded wire messages -> a `TrafficRecorder` and a per-family `History`.
+
+    `speed` is the cluster's speed table (`speed[node kind][task type]`, as the settings
+    hold it): a finished attempt's runtime ratio is its compute time at its node's advertised
+    speed over the declared duration, as everywhere else."""
+
+    def __init__(
+        self,
+        recorder: TrafficRecorder,
+        max_dag_tasks: int = 5000,
+        speed: Mapping[str, Mapping[str, float]] | None = None,
+    ) -> None:
         self.recorder = recorder
         self.max_dag_tasks = max_dag_tasks
+        self.speed = speed or {}
+        self.history = History()
         self._started: dict[tuple[str, int, int], float] = {}
         self._oom: set[tuple[str, int]] = set()  # tasks whose last attempt was OOM-killed
+        self._declared: OrderedDict[str, Workflow] = OrderedDict()
+        self._kind: dict[str, str] = {}  # node id -> kind, from heartbeats
+
+    def families(self) -> dict[str, FamilyStats]:
+        """The per-family history learned so far (a copy: the feed goes on)."""
+        return copy.deepcopy(self.history.families)
 
     def add(self, msg: Any) -> None:
         """Take one message (anything else is ignored)."""
         r = self.recorder
         if isinstance(msg, WorkflowMsg):
-            r.workflow(to_workflow(msg, self.max_dag_tasks))
+            wf = to_workflow(msg, self.max_dag_tasks)
+            r.workflow(wf)
+            if self.recorder.pending_snapshots:
+                self.recorder.snapshot(self.history.families)
+            self._declared[wf.id] = wf
+            while len(self._declared) > MAX_DECLARED:
+                self._declared.popitem(last=False)
         elif isinstance(msg, NodeHeartbeatMsg):
+            self._kind[msg.node] = msg.kind
             r.node(msg.node, NodeSpec(msg.kind, msg.zone, msg.cores, msg.mem_gb,
                                       msg.gpu_mem_gb, msg.net_gbps))  # fmt: skip
         elif isinstance(msg, NodeDownMsg):
@@ -69,6 +101,24 @@ class MessageFeed:
                 self._oom.add(task)
             else:
                 self._oom.discard(task)
+            self._learn(msg)
+
+    def _learn(self, msg: TaskFinishedMsg | TaskFailedMsg) -> None:
+        """The history's update from one attempt's end: its measured ratios, or the limit
+        an OOM kill hit; other failures tell nothing."""
+        wf = self._declared.get(msg.workflow_id)
+        if wf is None or msg.task >= wf.size:
+            return
+        spec = wf.tasks[msg.task]
+        if isinstance(msg, TaskFailedMsg):
+            if msg.reason == "oom" and spec.mem_gb > 0:
+                self.history.oom(spec.family, msg.peak_mem_gb / spec.mem_gb, msg.at)
+            return
+        kind = self._kind.get(msg.node, "")
+        speed = self.speed.get(kind, {}).get(TASK_TYPE_NAMES[spec.type], 1.0)
+        m = measured_ratios(spec.duration_s, spec.cpu_cores, spec.mem_gb, speed,
+                            msg.runtime_s, msg.cpu_core_s, msg.peak_mem_gb)  # fmt: skip
+        self.history.finished(spec.family, m, msg.at)
 
 
 class SimFeed:

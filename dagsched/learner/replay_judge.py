@@ -220,14 +220,17 @@ class TrafficRecorder:
         two later windows filled (its stragglers are then left out of what it observed).
         `families` is the per-family history now (read from Redis or the simulator)."""
         out = []
-        while self.open:
+        while self.closable():
             w = self.open[0]
-            done = all(i in self.jct_s for i in w.ids)
-            if not done and len(self.open) < 3:
-                break
             self.open.pop(0)
             out.append(self._close(w, families))
         return out
+
+    def closable(self) -> bool:
+        """Whether `ready` would close a window now."""
+        if not self.open:
+            return False
+        return len(self.open) >= 3 or all(i in self.jct_s for i in self.open[0].ids)
 
     def _close(self, w: _Open, families: Mapping[str, FamilyStats]) -> ObservedWindow:
         obs = ObservedWindow(
@@ -316,10 +319,11 @@ def config_from(cfg: ReplaySettings) -> ReplayJudgeConfig:
 
 
 def paired_diffs(champion: ReplayResult, challenger: ReplayResult) -> dict[str, float]:
-    """One replay's differences, challenger minus champion, higher better (`PairedRule`)."""
-    jb = champion.mean_jct_s
+    """One replay's differences, challenger minus champion, higher better (`PairedRule`); a
+    workflow that failed counts as taking at least two deadlines (`judged_jct_s`)."""
+    jb = champion.judged_jct_s
     return {
-        "jct": (jb - challenger.mean_jct_s) / jb if jb > 0 else 0.0,
+        "jct": (jb - challenger.judged_jct_s) / jb if jb > 0 else 0.0,
         "sla": challenger.sla - champion.sla,
         "reward": challenger.reward - champion.reward,
     }

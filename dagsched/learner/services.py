@@ -14,7 +14,10 @@ so the learner's next round finds a test running again (a shadow round that was 
 when a test ended with no shadow to follow it becomes the challenger itself). With
 `learner.min_rounds` > 1 the first challenger of each champion waits until that many rounds
 were chained on the shadow.
-The evaluator acts only while it holds the Redis lease; a second one waits for it.
+The evaluator acts only while it holds the Redis lease; a second one waits for it. With
+`evaluator.judge: replay` (the default) it promotes on the replay judge's verdict once the
+challenger's live slice, the canary, is clean; the per-workflow A/B on that slice only
+retires a challenger that is worse than its margin (`learner.canary`, `learner.replay_gate`).
 """
 
 from __future__ import annotations
@@ -33,9 +36,13 @@ from typing import Any
 import structlog
 from aiokafka import AIOKafkaConsumer
 
+from dagsched.learner.canary import CanaryRule
 from dagsched.learner.joining import Joined, OutcomeJoiner
 from dagsched.learner.live_ab import Judge, Lease, WorkflowOutcomes, rule_from
 from dagsched.learner.online import FinetuneConfig, finetune_heads, learning_window
+from dagsched.learner.replay_gate import Pair, ReplayGate
+from dagsched.learner.replay_judge import WindowReport, statistics
+from dagsched.learner.sequential import Verdict
 from dagsched.policy.scheduler import GNNScheduler
 from dagsched.schemas.messages import BadMessage, DecisionBatchMsg, DecisionLogMsg, decode
 from dagsched.settings import Settings
@@ -305,7 +312,9 @@ class LearnerService:
 
 
 class EvaluatorService:
-    """Per-arm outcomes -> sequential test -> promote, retire or roll back (lease holder only)."""
+    """Recorded traffic and per-arm outcomes -> the replay judge and the canary (or, with
+    `judge: ab`, the per-workflow A/B alone) -> promote, retire or roll back (lease holder
+    only)."""
 
     def __init__(self, settings: Settings, on_verdict: Callable[[dict[str, Any]], None]) -> None:
         from dagsched.registry.promotion import Promoter
@@ -320,7 +329,14 @@ class EvaluatorService:
         )
         self.joiner.wait_for_log = False
         self.outcomes = WorkflowOutcomes(self.joiner)
-        self.judge = Judge(rule_from(self.cfg), self.cfg.guardrail_window)
+        canary = None
+        self.gate: ReplayGate | None = None
+        if self.cfg.judge == "replay":
+            c = self.cfg.canary
+            canary = CanaryRule(c.min_workflows, {"sla": c.margin_sla, "speed": c.margin_speed})
+            self.gate = ReplayGate(settings, self.registry.load)
+        self.judge = Judge(rule_from(self.cfg), self.cfg.guardrail_window, canary)
+        self._judging: asyncio.Task[tuple[WindowReport, Pair]] | None = None
         self.on_verdict = on_verdict
         self.actor = f"evaluator:{socket.gethostname()}"
         self.acted = 0
@@ -384,17 +400,29 @@ class EvaluatorService:
                 got = await consumer.getmany(timeout_ms=200, max_records=2000)
                 now = time.time()
                 joined = []
+                gate = self.gate
                 for m in _decoded(got):
                     if isinstance(m, DecisionBatchMsg):
                         self.outcomes.note(m)
                     elif not isinstance(m, DecisionLogMsg):
                         joined += self.joiner.add(m, now)
+                        if gate is not None:
+                            gate.add(m)
                 joined += self.joiner.expire(now)
                 for j in joined:
                     sample = self.outcomes.add(j)
-                    self.samples += sample is not None
-                    action = self.judge.add(sample) if sample is not None else None
+                    if sample is None:
+                        continue
+                    self.samples += 1
+                    if gate is not None:
+                        gate.ended(sample)
+                    action = self.judge.add(sample) or self._replay_action()
                     # act only under a lease just renewed, never on a stale belief
+                    if action is not None and await _renewed(lease) and lease.valid:
+                        await asyncio.to_thread(self._act, *action)
+                        await self._refresh()
+                if gate is not None:
+                    action = self._replay_step(gate)
                     if action is not None and await _renewed(lease) and lease.valid:
                         await asyncio.to_thread(self._act, *action)
                         await self._refresh()
@@ -404,6 +432,9 @@ class EvaluatorService:
             renewer.cancel()
             with contextlib.suppress(BaseException):
                 await renewer
+            if self._judging is not None:  # a window's replays run on in their thread
+                self._judging.cancel()
+                self._judging = None
             with contextlib.suppress(Exception):
                 await consumer.stop()
 
@@ -416,6 +447,59 @@ class EvaluatorService:
         )
         v = lambda x: f"v{x}" if x else None  # noqa: E731
         self.judge.versions(v(champ), v(chall), v(prev))  # a promotion by hand is watched too
+        if self.gate is not None:
+            self.gate.versions(v(champ), v(chall))
+
+    def _replay_step(self, gate: ReplayGate) -> tuple[str, Verdict] | None:
+        """Take a judged window's report, start judging the next closed one, and say what
+        to do now: retire on the replay's word, promote on its win with a clean canary."""
+        action = None
+        if self._judging is not None and self._judging.done():
+            task, self._judging = self._judging, None
+            try:
+                report, pair = task.result()
+            except Exception as exc:  # a version that fails to load or play: logged, next window
+                log.warning("evaluator.replay_failed", error=str(exc))
+            else:
+                self._log_window(report, pair)
+                if gate.take(report, pair) == "retire" and report.verdict is not None:
+                    action = ("retire", self._replay_verdict(report, "replay: "))
+        if self._judging is None:
+            nxt = gate.next_window()
+            if nxt is not None:
+                obs, pair, judge = nxt
+
+                async def judged() -> tuple[WindowReport, Pair]:
+                    return await asyncio.to_thread(gate.judge_window, obs, pair, judge), pair
+
+                self._judging = asyncio.create_task(judged())
+        return action or self._replay_action()
+
+    def _replay_action(self) -> tuple[str, Verdict] | None:
+        """Promote when the replay won for the pair under test and its canary is clean."""
+        gate, canary = self.gate, self.judge.canary
+        if gate is None or gate.won is None or canary is None or canary.status != "clean":
+            return None
+        report, gate.won = gate.won, None
+        return "promote", self._replay_verdict(report, "replay: ", canary.verdict.reason)
+
+    def _replay_verdict(self, report: WindowReport, prefix: str, canary: str = "") -> Verdict:
+        assert report.verdict is not None
+        v = report.verdict
+        reason = f"{prefix}{v.reason}" + (f"; {canary}" if canary else "")
+        return Verdict(v.decision, reason, v.rule, v.stats)
+
+    def _log_window(self, report: WindowReport, pair: Pair) -> None:
+        log.info(
+            "evaluator.replay_window",
+            champion=pair[0],
+            challenger=pair[1],
+            window=report.window,
+            decision=report.decision,
+            reason=report.reason,
+            jct_err=round(report.fidelity.jct_err, 4),
+            sla_err=round(report.fidelity.sla_err, 4),
+        )
 
     def _act(self, action: str, verdict: Any) -> None:
         stats = verdict.to_dict()
@@ -427,6 +511,17 @@ class EvaluatorService:
             "workflows_judged": self.samples,
             "workflows_with_covariates": self.outcomes.with_covariates,
         }
+        if self.gate is not None and action != "rollback":
+            # the audit keeps the replay's verdict, its statistics and fidelity, and the canary
+            last = [r for p, r in self.gate.reports if p[1] == self.judge.challenger]
+            record["judge"] = "replay"
+            record["replay"] = statistics(last[-1]) if last else None
+            canary = self.judge.canary
+            record["canary"] = (
+                {"status": canary.status, "workflows": canary.workflows,
+                 **canary.verdict.to_dict()} if canary is not None else None
+            )  # fmt: skip
+            stats = {**stats, "replay": record["replay"], "canary": record["canary"]}
         lineage = (self.judge.champion or "").removeprefix("v")  # the test's champion
         try:
             if action == "promote":

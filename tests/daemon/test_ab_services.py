@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 from pathlib import Path
 from typing import Any
 
@@ -37,14 +38,17 @@ def _ab_settings(settings: Settings, **evaluator: Any) -> Settings:
     return settings.model_copy(
         update={
             **_fast_views(settings, challenger_share=0.5),
-            "evaluator": settings.evaluator.model_copy(update={"min_samples": 10, **evaluator}),
+            "evaluator": settings.evaluator.model_copy(
+                update={"judge": "ab", "min_samples": 10, **evaluator}
+            ),
         }
     )
 
 
 async def _ab(
-    s: Settings, champion: ActorCritic, challenger: ActorCritic, start_daemon: Any
-) -> tuple[list[dict[str, Any]], Registry, str, str, Any]:
+    s: Settings, champion: ActorCritic, challenger: ActorCritic, start_daemon: Any,
+    workflows: int = WORKFLOWS,
+) -> tuple[list[dict[str, Any]], Registry, str, str, Any]:  # fmt: skip
     """Register both (in a store that already holds the shipped champion), serve both,
     replay, and return the evaluator's verdicts."""
     shipped = load_bundle(SHIPPED_CHAMPION, "shipped")
@@ -68,7 +72,7 @@ async def _ab(
     await daemon.until_serving("champion", f"v{v1}", timeout=60)
     await daemon.until_serving("challenger", f"v{v2}", timeout=60)
     enough = asyncio.Event()  # the replay stops at the first verdict
-    replay = asyncio.create_task(Replay(s, ReplayConfig(workflows=WORKFLOWS, seed=3)).run(enough))
+    replay = asyncio.create_task(Replay(s, ReplayConfig(workflows=workflows, seed=3)).run(enough))
     try:
         await wait_for(lambda: verdicts or replay.done(), 300, "a verdict or the replay's end")
         enough.set()
@@ -108,6 +112,51 @@ async def test_trained_challenger_beats_a_bad_champion(
     assert verdicts[0]["action"] == "promote" and verdicts[0]["version"] == v2
     assert reg.alias_version(CHAMPION) == v2
     await daemon.until_serving("champion", f"v{v2}")  # the notice reached the daemon
+
+
+async def test_the_replay_judge_promotes_once_the_canary_is_clean(
+    settings: Settings, champion: Registry, start_daemon
+):
+    ev = settings.evaluator
+    s = settings.model_copy(
+        update={
+            **_fast_views(settings, challenger_share=0.5),
+            "evaluator": ev.model_copy(
+                update={
+                    "judge": "replay",
+                    "canary": ev.canary.model_copy(update={"min_workflows": 10}),
+                    # windows of 20 arrivals, 4 replays each: two windows reach min_replays.
+                    # Half of each window was served by the challenger, so the champion's
+                    # replays cannot predict it: fidelity is recorded, not gated, here
+                    "replay": ev.replay.model_copy(
+                        update={
+                            "window_workflows": 20,
+                            "warmup_workflows": 10,
+                            "replays": 4,
+                            "min_replays": 8,
+                            "fidelity_max_jct_err": 100.0,
+                        }
+                    ),
+                }
+            ),
+        }
+    )
+    trained = load_bundle(SHIPPED_CHAMPION, "shipped").model
+    verdicts, reg, _v1, v2, daemon = await _ab(s, _sabotaged(), trained, start_daemon, 200)
+    first = verdicts[0]
+    assert first["action"] == "promote" and first["version"] == v2, first
+    assert first["judge"] == "replay" and first["reason"].startswith("replay: challenger better")
+    assert "canary clean" in first["reason"]
+    replay, canary = first["replay"], first["canary"]
+    assert replay["decision"] == "promote" and replay["stats"]["jct"]["lower"] > 0
+    assert replay["fidelity"]["observed_jct_s"] > 0 and replay["fidelity"]["predicted_jct_s"] > 0
+    assert canary["status"] == "clean" and canary["workflows"] >= 10
+    assert reg.alias_version(CHAMPION) == v2
+    (audit,) = [a for a in audit_trail(reg, v2) if a["action"] == "promote"]
+    path = reg.client.download_artifacts(audit["run_id"], "audit.json")
+    kept = json.loads(Path(path).read_text())
+    assert kept["stats"]["replay"]["fidelity"] == replay["fidelity"]  # the audit keeps the verdict
+    await daemon.until_serving("champion", f"v{v2}")
 
 
 def _sabotaged() -> ActorCritic:

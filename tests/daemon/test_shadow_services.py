@@ -207,8 +207,9 @@ async def test_the_shadow_is_the_next_challenger_when_a_test_ends(
     broker, redis_url, tmp_path: Path, champion_template: Path, verdict: str
 ):
     s, reg, champion = await _store(
-        broker, redis_url, tmp_path, champion_template, **{"evaluator.min_samples": 10}
-    )
+        broker, redis_url, tmp_path, champion_template,
+        **{"evaluator.min_samples": 10, "evaluator.judge": "ab"},
+    )  # fmt: skip
     chall = await asyncio.to_thread(register_version, reg, "under A/B test")
     shadow = await asyncio.to_thread(register_version, reg, "the learner's shadow")
     await asyncio.to_thread(reg.set_alias, CHALLENGER, chall)

@@ -1,0 +1,115 @@
+"""The replay judge on live traffic, for the evaluator: what it records from the wire, the
+windows it judges for the (champion, challenger) pair under test, and a replay win waiting
+for a clean canary.
+
+Kafka-free and synchronous: the evaluator feeds it decoded messages and finished workflows,
+takes closed windows from `next_window`, runs `judge_window` in a worker thread (a window's
+replays take seconds to minutes) and hands the report back to `take`. Each pair gets its own
+`ReplayJudge`, so a report judged for a pair that has since changed is dropped, never counted
+in the new pair's test.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from dagsched.core.scheduler import Scheduler
+from dagsched.learner.live_ab import Sample
+from dagsched.learner.replay_feed import MessageFeed
+from dagsched.learner.replay_judge import (
+    ObservedWindow,
+    ReplayJudge,
+    TrafficRecorder,
+    WindowReport,
+    config_from,
+)
+from dagsched.settings import Settings
+from dagsched.sim.replay_world import PolicyFactory
+from dagsched.sim.snapshot import SchedulerPolicy
+
+Pair = tuple[str, str]  # (champion, challenger) version ids, "v3"
+# closed windows waiting to be judged: when judging falls behind traffic, the newest are kept
+MAX_WAITING = 2
+
+
+class ReplayGate:
+    """Recorded traffic -> paired replays of the pair under test -> a verdict to act on."""
+
+    def __init__(self, settings: Settings, load: Callable[[str], Scheduler]) -> None:
+        """`load(version)` (a registry version number, "3") gives that version's scheduler."""
+        self.cfg = config_from(settings.evaluator.replay)
+        self.base = settings.sim
+        self.recorder = TrafficRecorder(self.cfg.window_workflows, self.cfg.warmup_workflows)
+        self.feed = MessageFeed(
+            self.recorder, settings.daemon.max_dag_tasks, settings.sim.cluster.speed
+        )
+        self.load = load
+        self.pair: Pair | None = None
+        self.judge = ReplayJudge(self.cfg, self.base)
+        self.won: WindowReport | None = None  # the pair's replay win, waiting for the canary
+        self.waiting: deque[ObservedWindow] = deque(maxlen=MAX_WAITING)
+        self.reports: deque[tuple[Pair, WindowReport]] = deque(maxlen=1000)
+        self.skipped = 0  # closed windows never judged (no pair, or judging fell behind)
+        self._schedulers: dict[str, Scheduler] = {}
+
+    # -- feeding ------------------------------------------------------------------------------
+
+    def add(self, msg: Any) -> None:
+        """A decoded message from `dagsched.tasks` or `dagsched.events`."""
+        self.feed.add(msg)
+
+    def ended(self, sample: Sample) -> None:
+        """A workflow finished (or failed): what its window really did."""
+        self.recorder.ended(sample.workflow_id, sample.jct_s, sample.sla >= 1.0)
+
+    def versions(self, champion: str | None, challenger: str | None) -> None:
+        """The pair under test now; a new pair starts a new test."""
+        pair = (champion, challenger) if champion and challenger else None
+        if pair == self.pair:
+            return
+        self.pair = pair
+        self.judge = ReplayJudge(self.cfg, self.base)
+        self.won = None
+        keep = set(pair or ())
+        self._schedulers = {v: s for v, s in self._schedulers.items() if v in keep}
+
+    # -- judging ------------------------------------------------------------------------------
+
+    def next_window(self) -> tuple[ObservedWindow, Pair, ReplayJudge] | None:
+        """The next closed window to judge for the pair under test, if any."""
+        closed = self.recorder.ready(self.feed.families()) if self.recorder.closable() else []
+        for w in closed:
+            if self.pair is None:
+                self.skipped += 1
+                continue
+            if len(self.waiting) == self.waiting.maxlen:
+                self.skipped += 1
+            self.waiting.append(w)
+        if self.pair is None or not self.waiting:
+            return None
+        return self.waiting.popleft(), self.pair, self.judge
+
+    def judge_window(self, obs: ObservedWindow, pair: Pair, judge: ReplayJudge) -> WindowReport:
+        """Replay `obs` for both versions of `pair` (blocking: run it in a worker thread)."""
+        champion, challenger = (self._policy(v) for v in pair)
+        return judge.judge(obs, champion, challenger)
+
+    def take(self, report: WindowReport, pair: Pair) -> str | None:
+        """A judged window's report: "retire" when the replay says so, None otherwise (a win
+        is kept in `won` until the canary is clean). Reports of an old pair are dropped."""
+        if pair != self.pair:
+            return None
+        self.reports.append((pair, report))
+        if report.decision == "retire":
+            return "retire"
+        if report.decision == "promote":
+            self.won = report
+        return None
+
+    def _policy(self, version: str) -> PolicyFactory:
+        sched = self._schedulers.get(version)
+        if sched is None:
+            sched = self._schedulers[version] = self.load(version.removeprefix("v"))
+        return lambda _seed: SchedulerPolicy(sched, version)

@@ -1,0 +1,145 @@
+"""The replay judge fed from the wire: the per-family history it learns from end events, and
+the gate's bookkeeping of windows, pairs and a win waiting for the canary."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+import pytest
+
+from dagsched.core.bounds import CPU_BOUNDS
+from dagsched.core.heft import HeftHistory
+from dagsched.core.history import History, measured_ratios
+from dagsched.core.scheduler import Placement, Scheduler
+from dagsched.core.view import ClusterView, TaskView
+from dagsched.learner.live_ab import Sample
+from dagsched.learner.replay_feed import MessageFeed, record_run
+from dagsched.learner.replay_gate import ReplayGate
+from dagsched.learner.replay_judge import TrafficRecorder
+from dagsched.schemas.messages import (
+    NodeHeartbeatMsg,
+    TaskFailedMsg,
+    TaskFinishedMsg,
+    TaskSpecMsg,
+    WorkflowMsg,
+)
+from dagsched.settings import load_settings
+from dagsched.sim.engine import Simulator
+from dagsched.sim.runner import make_policy, stream_workflows
+
+SPEED = {"cpu": {"cpu": 1.5, "io": 0.8, "gpu": 0.25, "mem": 1.0}}
+
+
+def _workflow() -> WorkflowMsg:
+    return WorkflowMsg(
+        workflow_id="w1",
+        arrival_s=0.0,
+        deadline_s=600.0,
+        tasks=[
+            TaskSpecMsg(
+                name="a", type="cpu", duration_s=30.0, cpu_cores=2.0, mem_gb=4.0, family="fa"
+            ),
+            TaskSpecMsg(
+                name="b", type="cpu", duration_s=10.0, cpu_cores=1.0, mem_gb=8.0, family="fb"
+            ),
+        ],
+        edges=[],
+    )
+
+
+def test_the_feed_learns_the_history_from_end_events_at_the_nodes_speed() -> None:
+    feed = MessageFeed(TrafficRecorder(10, 0), speed=SPEED)
+    feed.add(_workflow())
+    feed.add(NodeHeartbeatMsg(node="n1", at=0.0, kind="cpu", zone=0, cores=32, mem_gb=128))
+    common = {"workflow_id": "w1", "attempt": 0, "node": "n1"}
+    feed.add(TaskFinishedMsg(task=0, at=40.0, cpu_core_s=24.0, peak_mem_gb=3.0, runtime_s=24.0,
+                             **common))  # fmt: skip
+    feed.add(TaskFailedMsg(task=1, at=50.0, reason="oom", peak_mem_gb=6.0, **common))
+    feed.add(TaskFailedMsg(task=1, at=55.0, reason="transient", peak_mem_gb=1.0,
+                           **{**common, "attempt": 1}))  # fmt: skip
+    want = History()
+    # 24 s of compute at the cpu node's 1.5 x speed for a 30 s declared task: ratio 1.2
+    want.finished("fa", measured_ratios(30.0, 2.0, 4.0, 1.5, 24.0, 24.0, 3.0), 40.0)
+    want.oom("fb", 6.0 / 8.0, 50.0)
+    got = feed.families()
+    assert got.keys() == want.families.keys()
+    assert got["fa"].runtime_ratio() == pytest.approx(1.2)
+    assert got["fa"].cpu.percentile(0.5) == want.families["fa"].cpu.percentile(0.5)
+    assert got["fb"].ooms == 1 and got["fb"].oom_limit == 0.75 and got["fb"].count == 0
+    got["fa"].count = 99  # a copy: the feed's own history is untouched
+    assert feed.history.families["fa"].count == 1
+
+
+class _Throttled(HeftHistory):
+    """heft_history reserving the least CPU there is: every task runs throttled."""
+
+    def place(self, cluster: ClusterView, tasks: Sequence[TaskView]) -> list[Placement]:
+        return [replace(p, cpu=CPU_BOUNDS[0]) for p in super().place(cluster, tasks)]
+
+
+def _gate(loaded: list[str]) -> ReplayGate:
+    s = load_settings(profile="test")
+    replay = s.evaluator.replay.model_copy(update={
+        "window_workflows": 20, "warmup_workflows": 10, "replays": 2, "min_replays": 2,
+        "fidelity_max_jct_err": 10.0,
+    })  # fmt: skip
+    s = s.model_copy(update={"evaluator": s.evaluator.model_copy(update={"replay": replay})})
+
+    def load(version: str) -> Scheduler:
+        loaded.append(version)
+        return HeftHistory("srpt") if version == "1" else _Throttled()
+
+    return ReplayGate(s, load)
+
+
+def _windows(gate: ReplayGate, n: int) -> None:
+    """Traffic of `n` workflows recorded into the gate's recorder, its windows waiting."""
+    sc = gate.base
+    wins = record_run(
+        lambda wfs, hook: Simulator(sc, wfs, seed=4, on_outcome=hook),
+        make_policy("heft_history_srpt", 4), gate.recorder, stream_workflows(sc, 4, n),
+    )  # fmt: skip
+    gate.waiting.extend(wins)
+
+
+def test_windows_are_judged_for_the_pair_under_test_only() -> None:
+    loaded: list[str] = []
+    gate = _gate(loaded)
+    _windows(gate, 40)
+    assert gate.next_window() is None  # no challenger: nothing to judge
+    gate.versions("v1", "v2")
+    nxt = gate.next_window()
+    assert nxt is not None
+    obs, pair, judge = nxt
+    report = gate.judge_window(obs, pair, judge)
+    assert sorted(loaded) == ["1", "2"] and len(report.diffs) == 2
+    gate.versions("v1", "v3")  # the pair changed while the window was judged
+    assert gate.take(report, pair) is None and not gate.reports
+    assert gate.judge is not judge  # the new pair's test starts afresh
+
+
+def test_a_replay_win_waits_in_won_and_a_retire_is_acted_on() -> None:
+    gate = _gate([])
+    _windows(gate, 60)
+    gate.versions("v2", "v1")  # heft_history (v1) challenges its throttled copy (v2)
+    decisions = []
+    while (nxt := gate.next_window()) is not None:
+        report = gate.judge_window(*nxt)
+        decisions.append((report.decision, gate.take(report, nxt[1])))
+    assert [a for _, a in decisions] == [None] * len(decisions)
+    assert ("promote", None) in decisions and gate.won is not None
+    gate.versions("v1", "v2")  # the other way round: the throttled one challenges, and loses
+    gate.waiting.clear()
+    _windows(gate, 60)
+    acted = []
+    while (nxt := gate.next_window()) is not None:
+        report = gate.judge_window(*nxt)
+        acted.append(gate.take(report, nxt[1]))
+    assert "retire" in acted and gate.won is None
+
+
+def test_a_finished_workflow_is_recorded_with_its_jct() -> None:
+    gate = _gate([])
+    gate.ended(Sample("w9", "champion", "v1", 1.0, -0.5, 0.3, None, 123.0))
+    assert gate.recorder.jct_s == {"w9": 123.0} and gate.recorder.met == {"w9": True}
