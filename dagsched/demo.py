@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
 import structlog
 
 from dagsched.daemon.broker import embedded_broker
@@ -55,6 +56,7 @@ class Story:
     outcomes: list[WorkflowOutcome]
     versions: list[dict[str, Any]] = field(default_factory=list)
     verdicts: list[dict[str, Any]] = field(default_factory=list)
+    replay_windows: list[dict[str, Any]] = field(default_factory=list)  # the replay judge's
     audit: list[dict[str, Any]] = field(default_factory=list)
     rounds: list[str] = field(default_factory=list)
     settings: dict[str, Any] = field(default_factory=dict)
@@ -89,6 +91,7 @@ class Story:
             "rounds": self.rounds,
             "versions": self.versions,
             "verdicts": self.verdicts,
+            "replay_windows": self.replay_windows,
             "audit": self.audit,
             "settings": self.settings,
         }
@@ -180,17 +183,37 @@ async def run_demo(
         replay={**result, "daemon_decisions": daemon.stats["decisions"]},
         outcomes=replay.workflow_outcomes(),
         verdicts=verdicts,
+        replay_windows=replay_windows(evaluator),
         rounds=learner.rounds,
         settings={
             "challenger_share": s.daemon.challenger_share,
             "every_n_tasks": s.learner.every_n_tasks,
             "min_samples": s.evaluator.min_samples,
+            "judge": s.evaluator.judge,
             "rule": evaluator.judge.rule.describe(),
             "home": str(s.home),
         },
     )
     story.versions, story.audit = await asyncio.to_thread(_registry_story, reg)
     return story
+
+
+def replay_windows(evaluator: EvaluatorService) -> list[dict[str, Any]]:
+    """The replay judge's windows, as the evaluator judged them."""
+    if evaluator.gate is None:
+        return []
+    return [
+        {
+            "champion": pair[0],
+            "challenger": pair[1],
+            "window": r.window,
+            "decision": r.decision,
+            "reason": r.reason,
+            "jct_err": r.fidelity.jct_err,
+            "jct_gain": float(np.mean([d["jct"] for d in r.diffs])) if r.diffs else None,
+        }
+        for pair, r in evaluator.gate.reports
+    ]
 
 
 def _registry_story(reg: Registry) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

@@ -87,12 +87,30 @@ def tell(doc: dict[str, Any], context: list[dict[str, Any]]) -> None:
         f"The learner fine-tuned the actor heads every {doc['settings']['every_n_tasks']}"
         f" completed tasks: {len(doc['rounds'])} round(s)."
     )
-    console.print(f"[bold]4. Verdicts[/bold] ({doc['settings']['rule']}):")
-    if not doc["verdicts"]:
+    if doc["settings"].get("judge") == "replay":
         console.print(
-            "   none: no challenger gathered enough evidence to be promoted or retired"
-            f" (at least {doc['settings']['min_samples']} workflows per arm)."
+            "[bold]4. Verdicts[/bold]: the replay judge replays each closed window for the"
+            " champion and the challenger; the challenger's live slice is a canary."
         )
+        for w in doc["replay_windows"]:
+            why = w["reason"]
+            if w["decision"] != "unreliable":  # its reason names the fidelity already
+                why += f"; fidelity error {w['jct_err']:.0%}"
+            if w["jct_gain"] is not None:
+                why += f", JCT {w['jct_gain']:+.1%}"
+            console.print(
+                f"   window {w['window']}: {w['challenger']} vs {w['champion']}: {w['decision']}"
+                f" ({why})"
+            )
+        if not doc["replay_windows"] and not doc["verdicts"]:
+            console.print("   none: no window closed while a challenger was under test.")
+    else:
+        console.print(f"[bold]4. Verdicts[/bold] ({doc['settings']['rule']}):")
+        if not doc["verdicts"]:
+            console.print(
+                "   none: no challenger gathered enough evidence to be promoted or retired"
+                f" (at least {doc['settings']['min_samples']} workflows per arm)."
+            )
     for v in doc["verdicts"]:
         console.print(f"   {v['action']} v{v['version']}: {v.get('reason', '')}")
     for a in doc["audit"]:
