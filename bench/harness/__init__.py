@@ -12,6 +12,10 @@
 - `traffic`: back-to-back closed-loop replays (`dagsched.daemon.replay`) in a process of their
   own, so they do not share a GIL with the bench; that file is the process's entry point.
 
+- `soak_load`: bench/soak.py's job queue and cluster in one thread: workflows whose tasks
+  become ready as their parents finish, offered at a steady rate, each decision's attempt
+  reported started and ended, and the updater's lag.
+
 - `chaos_services` and `chaos_load`: bench/chaos.py's stack of processes it can take away
   (Redis with an AOF, Tansu, an `mlflow server`, daemons, learner, evaluator) and its steady
   load and per-task answers.

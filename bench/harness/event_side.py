@@ -40,13 +40,15 @@ def _specs(wfs: list[tuple[str, bytes]]) -> dict[str, list[Any]]:
     return {wf_id: WorkflowMsg.model_validate_json(raw).tasks for wf_id, raw in wfs}
 
 
-def end_event(rng: random.Random, wf: str, task: int, node: str, spec: Any, at: float) -> Any:
+def end_event(
+    rng: random.Random, wf: str, task: int, node: str, spec: Any, at: float, attempt: int = 0
+) -> Any:
     """An attempt's end: finished with its measured use, or (4%) failed."""
     from dagsched.schemas.messages import TaskFailedMsg, TaskFinishedMsg
 
     runtime = spec.duration_s * rng.uniform(0.7, 1.3)
     used = {
-        "workflow_id": wf, "task": task, "attempt": 0, "node": node, "at": at,
+        "workflow_id": wf, "task": task, "attempt": attempt, "node": node, "at": at,
         "runtime_s": runtime, "cpu_core_s": spec.cpu_cores * runtime * rng.uniform(0.4, 1.0),
         "peak_mem_gb": spec.mem_gb * rng.uniform(0.3, 0.95),
     }  # fmt: skip

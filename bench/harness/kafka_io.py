@@ -63,7 +63,10 @@ def heartbeats() -> list[Any]:
 # -- Kafka from this process (confluent-kafka: C threads, so it takes little of the GIL) ------
 
 
-def producer(s: Settings) -> Any:
+def producer(s: Settings, linger_ms: float = 5) -> Any:
+    """A confluent-kafka producer for the bench's traffic. `linger_ms`: 5 is librdkafka's
+    default (1 ms sent 5x more requests for Tansu to serve); Tansu's cost per request grows
+    with the batches it holds, so a long run batches more (bench/soak.py)."""
     from confluent_kafka import Producer
 
     return Producer(
@@ -71,7 +74,7 @@ def producer(s: Settings) -> Any:
             "bootstrap.servers": s.kafka_bootstrap,
             "acks": "all",
             "enable.idempotence": False,
-            "linger.ms": 5,  # librdkafka's default; 1 ms sent 5x more requests for Tansu to serve
+            "linger.ms": linger_ms,
             "partitioner": "murmur2_random",  # what aiokafka and Java clients use
             "queue.buffering.max.messages": 1_000_000,
         }

@@ -38,6 +38,7 @@ async def local_stack(
     say: Callable[[str], Any] = print,
     overrides: dict[str, Any] | None = None,
     private_redis: bool = False,
+    bootstrap: str | None = None,
 ) -> AsyncIterator[Stack]:
     """The broker, Redis and a temporary home for one bench run (see the module docstring).
 
@@ -45,8 +46,10 @@ async def local_stack(
     WARNING, metrics on a free port, then `overrides`. Keys and topics are prefixed
     `bench-{name}-{random}.`; the keys are dropped on exit, and the home removed unless
     `keep_home`. `private_redis` starts a `redis-server` of its own even when `redis_url`
-    answers (a bench that measures Redis' memory wants nobody else's keys in it)."""
-    from dagsched.daemon.broker import embedded_broker
+    answers (a bench that measures Redis' memory wants nobody else's keys in it).
+    `bootstrap`: use that Kafka instead of the embedded broker (the run's topics are created
+    there under the prefix, and left there)."""
+    from dagsched.daemon.broker import embedded_broker, ensure_topics
 
     home = Path(tempfile.mkdtemp(prefix=f"dagsched-{name}-"))
     prefix = f"bench-{name}-{uuid.uuid4().hex[:8]}."
@@ -67,9 +70,14 @@ async def local_stack(
         environ={},
     )
     try:
-        async with embedded_broker(settings) as broker:
-            s = settings.model_copy(update={"kafka_bootstrap": broker.bootstrap})
-            say(f"broker {broker.bootstrap}, redis {redis_url}, home {home}")
+        async with contextlib.AsyncExitStack() as exits:
+            if bootstrap is None:  # the embedded broker creates the topics
+                bootstrap = (await exits.enter_async_context(embedded_broker(settings))).bootstrap
+                s = settings.model_copy(update={"kafka_bootstrap": bootstrap})
+            else:
+                s = settings.model_copy(update={"kafka_bootstrap": bootstrap})
+                await ensure_topics(s)
+            say(f"broker {bootstrap}, redis {redis_url}, home {home}")
             yield Stack(s, home, prefix, redis_url, redis_proc is not None)
     finally:
         with contextlib.suppress(Exception):
