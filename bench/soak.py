@@ -177,15 +177,17 @@ class Soak:
         return row
 
     def period(self, load: SoakLoad, t0: float, t1: float) -> dict[str, Any]:
-        """What the tasks sent in [t0, t1) saw, and the samples taken meanwhile."""
+        """What the tasks sent in [t0, t1) saw (latency), the decisions read back and the
+        samples taken meanwhile."""
         lat = load.latencies(t0, t1)
         lags = np.array([x for t, x, _ in self.lags if t0 <= t < t1])
         inside = [s for s in self.samples if t0 <= s["t"] <= t1] or self.samples[-1:]
         last = inside[-1] if inside else {}
         return {
             "cpu_cores": cpu_cores(inside),
-            "from_s": t0, "to_s": t1, "decided": int(lat.size),
-            "decided_per_s": lat.size / (t1 - t0),
+            "from_s": t0, "to_s": t1, "sent_decided": int(lat.size),
+            # read back in the period, whenever sent: what keeping up is read from
+            "decided_per_s": load.decided_in(t0, t1) / (t1 - t0),
             "p50_ms": ms(pct(lat, 50)), "p99_ms": ms(pct(lat, 99)),
             "max_ms": ms(float(lat.max())) if lat.size else None,
             "lag_p99_s": pct(lags, 99), "lag_max_s": float(lags.max()) if lags.size else None,
@@ -407,6 +409,7 @@ def summarize(doc: dict[str, Any], s: Settings) -> dict[str, Any]:
     """The headline numbers, and each target: measured, bound, met."""
     st = doc["setup"]
     w, end = st["warmup_s"], st["seconds"]
+    end += 1.0  # the load's last sample is taken just after it ends
     rss = {p: growth(doc["samples"], f"{p}_rss", w, end) for p in ("daemon", "updater")}
     rss_all = growth(doc["samples"], "daemon_rss", 0, end)
     redis_mem = growth(doc["samples"], "redis_used_memory", w, end)

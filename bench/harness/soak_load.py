@@ -127,6 +127,7 @@ class SoakLoad:
         self.counts = Counts()
         self.delivered = Delivered()
         self.slots: dict[int, array[float]] = {}  # send-time slot -> latencies (s)
+        self.arrived: Counter[int] = Counter()  # arrival-time slot -> decisions read back
         self.t0 = 0.0  # wall time the load started (job-queue clock 0)
         self.pending: dict[Key, float] = {}  # asked, not decided: wall time sent
         # the latest workflows done, with the attempts asked for each: what Redis keeps per
@@ -176,6 +177,11 @@ class SoakLoad:
         self._thread.join(30)
         self.c.close()
         self.p = None  # the broker goes next: no reconnection attempts logged meanwhile
+
+    def decided_in(self, t_from: float, t_to: float) -> int:
+        """Decisions read back in [t_from, t_to) (whole slots), whenever their tasks were sent."""
+        lo, hi = int(t_from // SLOT_S), int(np.ceil(t_to / SLOT_S))
+        return sum(self.arrived[i] for i in range(lo, hi))
 
     def latencies(self, t_from: float, t_to: float) -> np.ndarray:
         """Submit-to-decision latencies (s) of the tasks sent in [t_from, t_to) (whole slots)."""
@@ -241,6 +247,7 @@ class SoakLoad:
         self.counts.arms[d["arm"]] += 1
         slot = int((sent - self.t0) // SLOT_S)
         self.slots.setdefault(slot, array("d")).append(arrived - sent)
+        self.arrived[int((arrived - self.t0) // SLOT_S)] += 1
         wf = self._wfs[k[0]]  # kept while it has attempts in flight
         at, node = arrived - self.t0, d["node"]
         self._event(node, TaskStartedMsg(workflow_id=k[0], task=k[1], attempt=k[2], node=node,
