@@ -390,7 +390,43 @@ def speed_page() -> list[str]:
                           "python bench/daemon_throughput.py --quick --json")):
         if src := load(rel):
             out += throughput_section(src, rel, command)
+    for rel, command in (("soak.json", "python bench/soak.py"),
+                         ("soak_quick.json", "python bench/soak.py --quick")):
+        if src := load(rel):
+            out += soak_section(src, rel, src.data.get("command", command))
     return out
+
+
+def soak_section(src: Source, rel: str, command: str) -> list[str]:
+    """bench/soak.py: its targets, then one row per period (see docs/operations/soak.md)."""
+    d, st = src.data, src.data["setup"]
+    mib = 2**20
+
+    def value(key: str, x: Any) -> str:
+        if x is None:
+            return DASH
+        if key == "rss_growth":
+            return f"{x:+.1%}"
+        if key == "redis_bytes_per_decision_per_s":
+            return f"{x / mib:.2f} MiB"
+        return num(x, 0 if isinstance(x, int) else 2)
+
+    targets = [[f"`{k}`", value(k, v["measured"]),
+                f"{'≥' if k == 'decided_vs_offered' else '≤'} {value(k, v['bound'])}",
+                num(v["met"])] for k, v in d["summary"]["targets"].items()]
+    rows = [[f"{p['from_s'] / 60:.1f}{DASH}{p['to_s'] / 60:.1f}", num(p["decided_per_s"]),
+             num(p["p50_ms"]), num(p["p99_ms"]), num(p["lag_max_s"], 2),
+             num((p["daemon_rss"] or 0) / mib), num((p["redis_used_memory"] or 0) / mib),
+             num(p["cpu_cores"].get("broker"), 2)] for p in d["periods"]]
+    what = (f"One `dagsched daemon` and one `dagsched updater` under {num(st['rate'])} tasks/s "
+            f"for {st['seconds'] / 60:g} minutes, workflows whose tasks become ready as their "
+            f"parents finish ([the soak](../operations/soak.md)); broker: {st.get('broker', '')}. "
+            f"Warm-up: the first {num(st['warmup_s'])} s.")
+    return section(f"Soak: `{rel}`", what, src, command,
+                   table(["target", "measured", "bound", "met"], targets)
+                   + table(["minutes", "decided/s", "p50 ms", "p99 ms", "lag max s",
+                            "daemon RSS MiB", "Redis MiB", "broker CPU"], rows)
+                   + chart(src, Path(rel).with_suffix(".png").name, f"soak over time ({rel})"))
 
 
 def throughput_section(src: Source, rel: str, command: str) -> list[str]:
