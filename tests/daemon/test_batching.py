@@ -13,7 +13,11 @@ from aiokafka import TopicPartition
 
 from dagsched.daemon.batch_loop import BatchLoop
 from dagsched.daemon.broker import ensure_topics
-from tests.daemon.conftest import Client, make_settings
+from tests.daemon.conftest import Client, committed, make_settings, wait_for
+
+
+async def _committed_at_least(s: Any, n: int) -> bool:
+    return await committed(s) >= n
 
 
 async def test_a_task_on_an_idle_topic_is_not_held_for_more_input(
@@ -27,7 +31,9 @@ async def test_a_task_on_an_idle_topic_is_not_held_for_more_input(
         await client.heartbeats(2)
         await start_daemon(s)
         await client.workflow("wf-0", n_tasks=2)
-        await client.wait("decisions", 0)
+        # the workflow handled (its offset committed) before the task is sent: a loop that
+        # finds both waiting at once is busy, not idle, and rightly waits for more
+        await wait_for(lambda: _committed_at_least(s, 1), 20, "the workflow's commit")
         began = time.monotonic()
         await client.ready("wf-0", 0)
         (decision,) = await client.wait("decisions", 1, timeout=9.5)
