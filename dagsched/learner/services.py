@@ -38,7 +38,7 @@ from aiokafka import AIOKafkaConsumer
 
 from dagsched.learner.canary import CanaryRule
 from dagsched.learner.joining import Joined, OutcomeJoiner
-from dagsched.learner.live_ab import Judge, Lease, WorkflowOutcomes, rule_from
+from dagsched.learner.live_ab import Action, Judge, Lease, WorkflowOutcomes, rule_from
 from dagsched.learner.online import FinetuneConfig, finetune_heads, learning_window
 from dagsched.learner.replay_gate import Pair, ReplayGate
 from dagsched.learner.replay_judge import WindowReport, statistics
@@ -416,16 +416,9 @@ class EvaluatorService:
                     self.samples += 1
                     if gate is not None:
                         gate.ended(sample)
-                    action = self.judge.add(sample) or self._replay_action()
-                    # act only under a lease just renewed, never on a stale belief
-                    if action is not None and await _renewed(lease) and lease.valid:
-                        await asyncio.to_thread(self._act, *action)
-                        await self._refresh()
+                    await self._act_holding(lease, self.judge.add(sample))
                 if gate is not None:
-                    action = self._replay_step(gate)
-                    if action is not None and await _renewed(lease) and lease.valid:
-                        await asyncio.to_thread(self._act, *action)
-                        await self._refresh()
+                    await self._act_holding(lease, self._replay_step(gate))
                 if got:
                     await commit(consumer, "evaluator")
         finally:
@@ -437,6 +430,12 @@ class EvaluatorService:
                 self._judging = None
             with contextlib.suppress(Exception):
                 await consumer.stop()
+
+    async def _act_holding(self, lease: Lease, action: Action | None) -> None:
+        """Act on `action`, only under a lease just renewed, never on a stale belief."""
+        if action is not None and await _renewed(lease) and lease.valid:
+            await asyncio.to_thread(self._act, *action)
+            await self._refresh()
 
     async def _refresh(self) -> None:
         from dagsched.registry.store import CHALLENGER, CHAMPION, PREVIOUS
@@ -450,7 +449,7 @@ class EvaluatorService:
         if self.gate is not None:
             self.gate.versions(v(champ), v(chall))
 
-    def _replay_step(self, gate: ReplayGate) -> tuple[str, Verdict] | None:
+    def _replay_step(self, gate: ReplayGate) -> Action | None:
         """Take a judged window's report, start judging the next closed one, and say what
         to do now: retire on the replay's word, promote on its win with a clean canary."""
         action = None
@@ -463,7 +462,7 @@ class EvaluatorService:
             else:
                 self._log_window(report, pair)
                 if gate.take(report, pair) == "retire" and report.verdict is not None:
-                    action = ("retire", self._replay_verdict(report, "replay: "))
+                    action = ("retire", self._replay_verdict(report))
         if self._judging is None:
             nxt = gate.next_window()
             if nxt is not None:
@@ -475,18 +474,20 @@ class EvaluatorService:
                 self._judging = asyncio.create_task(judged())
         return action or self._replay_action()
 
-    def _replay_action(self) -> tuple[str, Verdict] | None:
-        """Promote when the replay won for the pair under test and its canary is clean."""
+    def _replay_action(self) -> Action | None:
+        """Promote when the replay won for the pair under test and its canary is clean (one
+        try per win: a promotion the registry refuses waits for the next win)."""
         gate, canary = self.gate, self.judge.canary
         if gate is None or gate.won is None or canary is None or canary.status != "clean":
             return None
         report, gate.won = gate.won, None
-        return "promote", self._replay_verdict(report, "replay: ", canary.verdict.reason)
+        return "promote", self._replay_verdict(report, canary.verdict.reason)
 
-    def _replay_verdict(self, report: WindowReport, prefix: str, canary: str = "") -> Verdict:
+    def _replay_verdict(self, report: WindowReport, canary: str = "") -> Verdict:
+        """The replay's verdict as the evaluator acts on it, its reason naming the judge."""
         assert report.verdict is not None
         v = report.verdict
-        reason = f"{prefix}{v.reason}" + (f"; {canary}" if canary else "")
+        reason = f"replay: {v.reason}" + (f"; {canary}" if canary else "")
         return Verdict(v.decision, reason, v.rule, v.stats)
 
     def _log_window(self, report: WindowReport, pair: Pair) -> None:
