@@ -46,7 +46,6 @@ from dagsched.policy.scheduler import GNNScheduler
 from dagsched.reporting import to_jsonable
 from dagsched.settings import load_settings
 from dagsched.sim.config import ScenarioConfig
-from dagsched.sim.engine import Simulator
 
 ARMS = ("champion", "challenger")
 HEADS = {"cpu": 0, "mem": 1, "retries": 2}  # continuous head rows: (mean shift, concentration)
@@ -70,7 +69,7 @@ def play(
         loop.versions[challenger.version] = challenger
         loop.parent[challenger.version] = champion.version
         loop.challenger = challenger.version
-    loop.run(Simulator(sc, workload(sc, seed, n), seed=seed))
+    loop.run(loop.simulator(sc, workload(sc, seed, n), seed))
     return loop.samples
 
 

@@ -46,7 +46,6 @@ from dagsched.policy.bundle import load_bundle
 from dagsched.reporting import to_jsonable
 from dagsched.settings import load_settings
 from dagsched.sim.config import DriftConfig, ScenarioConfig
-from dagsched.sim.engine import Simulator
 from dagsched.sim.runner import stream_workflows
 
 CHAMPION = Path(__file__).resolve().parent.parent / "models" / "champion"
@@ -64,7 +63,7 @@ def play(
     """One run to the horizon: every arrived workflow, the loop's events, wall seconds."""
     t0 = time.perf_counter()
     loop = SimLoop(load_bundle(CHAMPION, "v1"), cfg, seed=seed)
-    sim = Simulator(sc, workload(sc, seed, horizon_s), seed=seed)
+    sim = loop.simulator(sc, workload(sc, seed, horizon_s), seed)
     results = loop.run(sim, until=horizon_s)
     return results, loop.events, time.perf_counter() - t0
 
@@ -213,7 +212,8 @@ def main() -> None:
         update_epochs=args.epochs,
         target_kl=args.target_kl,
     )
-    ev = s.evaluator.model_copy(update={"min_samples": args.min_samples})
+    # the A/B evaluator this bench was measured with (the replay judge: bench/online_shift.py)
+    ev = s.evaluator.model_copy(update={"min_samples": args.min_samples, "judge": "ab"})
     loop_cfg = LoopConfig(
         True, args.share, args.every_n, args.window, args.replace_challenger, ft, ev
     )

@@ -5,9 +5,16 @@ Per seed, one workload of the `shift` profile's scenario (32 nodes, load 0.6, fa
 played in the simulator three times, with the profile's shift (`sim.shift`) switched on,
 unannounced, when the workflow at `--shift-at` of the run arrives: served by the frozen
 shipped champion, by the learning loop (`dagsched.learner.sim_loop.SimLoop`: the daemon's
-champion/challenger split, `finetune_heads` on the actor heads, the evaluator's sequential
-test and guardrail) starting from that champion, and by `heft_history`. Every run plays to
-its end, so every workflow's outcome is known.
+champion/challenger split, `finetune_heads` on the actor heads, the evaluator's judge and
+guardrail) starting from that champion, and by `heft_history`. Every run plays to its end,
+so every workflow's outcome is known.
+
+The judge is the evaluator's (`--judge`, default the settings' `evaluator.judge`): with
+`replay`, every closed window of the loop's run is replayed for the pair under test
+(`ReplayGate` over the recorded run) and a replay win promotes once the challenger's live
+slice, the canary, is clean; `replay_verdicts` counts the windows' decisions and
+`replay_fidelity_jct_err` is how far the serving version's replays were from the mean JCT
+of what it served. With `ab`, the per-workflow A/B promotes, as before.
 
 Then, held out: each seed's final loop champion (the promoted version, or the shipped one
 when nothing was promoted), the frozen champion and heft_history on `--held-out` fresh seeds
@@ -22,7 +29,7 @@ mean reward, speed) of the frozen champion in the faithful, unshifted world, dra
         [--shift-at 0.1] [--share 0.3] [--explore-share 0.4] [--every-n 2000] [--window 2000]
         [--lr 2e-3] [--epochs 8] [--target-kl 0.2] [--ent-coef 0.01] [--clip 0.2]
         [--credit task-critic] [--min-samples 100] [--max-samples 300]
-        [--replace-challenger] [--no-keep-learning] [--load L] [--out DIR]
+        [--replace-challenger] [--no-keep-learning] [--load L] [--judge replay|ab] [--out DIR]
 
 The defaults are the fine-tuning settings that closed the gap offline (`experiments/shift_gap.py`)
 with an exploration slice to learn from, rounds every ~90 workflows that go on improving a
@@ -84,7 +91,7 @@ def play_loop(
     sc: ScenarioConfig, seed: int, n: int, cfg: LoopConfig
 ) -> tuple[list[WorkflowResult], SimLoop]:
     loop = SimLoop(load_bundle(CHAMPION, "v1"), cfg, seed=seed)
-    results = loop.run(Simulator(sc, workload(sc, seed, n), seed=seed))
+    results = loop.run(loop.simulator(sc, workload(sc, seed, n), seed))
     return results, loop
 
 
@@ -189,6 +196,36 @@ def events_doc(seed: int, evs: Sequence[LoopEvent], arrivals: list[float]) -> li
     return out
 
 
+def windows_doc(seed: int, windows: Sequence[dict], arrivals: list[float]) -> list[dict]:
+    """The loop's judged windows, with the arrivals by the time each was judged."""
+    return [
+        {"seed": seed, "arrived": int(np.searchsorted(arrivals, w["at_s"], side="right")), **w}
+        for w in windows
+    ]
+
+
+def replay_summary(windows: Sequence[dict], shift_at: dict[int, float], limit: float) -> dict:
+    """The replay judge's windows in a few numbers: decisions, and fidelity after the shift."""
+    after = [w["jct_err"] for w in windows if w["at_s"] >= shift_at[w["seed"]]]
+    errs = [w["jct_err"] for w in windows]
+    q = lambda xs, p: float(np.quantile(xs, p)) if xs else None  # noqa: E731
+    return {
+        "verdicts": {
+            d: sum(w["decision"] == d for w in windows)
+            for d in ("continue", "unreliable", "promote", "retire")
+        },
+        "fidelity_jct_err": {
+            "windows": len(errs),
+            "median": q(errs, 0.5),
+            "max": q(errs, 1.0),
+            "after_shift_median": q(after, 0.5),
+            "after_shift_max": q(after, 1.0),
+            "over_limit": sum(e > limit for e in errs),
+            "limit": limit,
+        },
+    }
+
+
 def parse() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="2 seeds x 700 workflows, small A/A")
@@ -223,6 +260,9 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--max-samples", type=int, default=300, help="challenger workflows")
     ap.add_argument("--bucket-workflows", type=int, default=100)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument(
+        "--judge", choices=("replay", "ab"), default=None, help="default: evaluator.judge"
+    )
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
     add_finetune_args(ap, lr=2e-3, credit="task-critic")
     args = ap.parse_args()
@@ -239,7 +279,8 @@ def main() -> None:
     s = load_settings(profile="shift")
     assert s.sim.shift is not None
     ft = finetune_config(args)
-    ev = s.evaluator.model_copy(update={"min_samples": args.min_samples})
+    judge = args.judge or s.evaluator.judge
+    ev = s.evaluator.model_copy(update={"min_samples": args.min_samples, "judge": judge})
     if args.max_samples is not None:
         ev = ev.model_copy(update={"max_samples": args.max_samples})
     cfg = LoopConfig(
@@ -258,6 +299,7 @@ def main() -> None:
         wl = replace(wl, load=args.load)
     results: dict[str, list[list[WorkflowResult]]] = {a: [] for a in ARMS}
     events: list[dict[str, Any]] = []
+    windows: list[dict[str, Any]] = []  # the replay judge's, every seed's
     runs: list[dict[str, Any]] = []
     promoted: dict[int, GNNScheduler] = {}
     latest: dict[int, GNNScheduler] = {}  # each seed's last learner version, promoted or not
@@ -278,6 +320,7 @@ def main() -> None:
                 res, loop = play_loop(sc, seed, args.workflows, cfg if arm == "loop" else alone)
                 if arm == "loop":
                     events += events_doc(seed, loop.events, arrivals)
+                    windows += windows_doc(seed, loop.windows, arrivals)
                     if loop.champion != "v1":
                         promoted[seed] = loop.versions[loop.champion]
                     last = max(loop.versions, key=lambda v: int(v[1:]))
@@ -303,6 +346,11 @@ def main() -> None:
     summary["rounds"] = sum(e["kind"] == "round" for e in events)
     summary["seeds_with_promotion"] = len(first)
     summary["workflows_to_promotion"] = [first[k]["arrived"] for k in sorted(first)]
+    summary["judge"] = judge
+    if judge == "replay":
+        rs = replay_summary(windows, shift_at, ev.replay.fidelity_max_jct_err)
+        summary["replay_verdicts"] = rs["verdicts"]
+        summary["replay_fidelity_jct_err"] = rs["fidelity_jct_err"]
 
     seeds = [HELD_OUT_SEED + i for i in range(args.held_out)]
     champion = load_bundle(CHAMPION, "v1")
@@ -360,6 +408,7 @@ def main() -> None:
         "arms": per_arm,
         "aa": aa,
         "events": events,
+        "windows": windows,
         "runs": runs,
     }
     args.out.mkdir(parents=True, exist_ok=True)

@@ -52,7 +52,6 @@ from dagsched.policy.scheduler import GNNScheduler
 from dagsched.reporting import to_jsonable
 from dagsched.settings import load_settings
 from dagsched.sim.config import ScenarioConfig, ShiftConfig
-from dagsched.sim.engine import Simulator
 
 TRAIN_SEED = 50_000
 SERVE_SEED = 51_000
@@ -76,7 +75,7 @@ def reversed_version(
     torch.manual_seed(TRAIN_SEED)  # the sampled actions draw from torch's generator
     explore = LoopConfig(learn=False, share=0.0, explore_share=1.0, window=10**6)
     loop = SimLoop(champion, explore, seed=TRAIN_SEED)
-    loop.run(Simulator(sc, workload(sc, TRAIN_SEED, args.train_workflows), seed=TRAIN_SEED))
+    loop.run(loop.simulator(sc, workload(sc, TRAIN_SEED, args.train_workflows), TRAIN_SEED))
     flipped = [replace(j, reward=-j.reward) for j in loop.window]
     model, metrics = None, []
     for r in range(args.rounds):
@@ -175,7 +174,7 @@ def main() -> int:
     at = [w.arrival_s for w in workload(sc, seed, args.workflows)][args.promote_at]
     cfg = LoopConfig(learn=True, every_n=10**9, share=0.0, evaluator=settings.evaluator)
     loop = SimLoop(champion, cfg, seed=seed)
-    sim = Simulator(sc, workload(sc, seed, args.workflows), seed=seed)
+    sim = loop.simulator(sc, workload(sc, seed, args.workflows), seed)
     loop.run(sim, until=at)
     promoted = loop.promote_by_hand(bad, sim.now, by="bench (hand)")
     results = loop.run(sim)

@@ -30,7 +30,6 @@ from dagsched.policy.bundle import load_bundle
 from dagsched.policy.scheduler import GNNScheduler
 from dagsched.settings import load_settings
 from dagsched.sim.config import ScenarioConfig
-from dagsched.sim.engine import Simulator
 from dagsched.sim.runner import stream_workflows
 
 CHAMPION = Path(__file__).resolve().parent.parent / "models" / "champion"
@@ -39,7 +38,7 @@ CHAMPION = Path(__file__).resolve().parent.parent / "models" / "champion"
 def pool(sched: GNNScheduler, sc: ScenarioConfig, seed: int, n: int) -> list[Sample]:
     """The judge's sample of every finished workflow of `sched` alone."""
     loop = SimLoop(sched, LoopConfig(learn=False), seed=seed)
-    loop.run(Simulator(sc, stream_workflows(sc, seed, n), seed=seed))
+    loop.run(loop.simulator(sc, stream_workflows(sc, seed, n), seed))
     return loop.samples
 
 

@@ -44,7 +44,6 @@ from dagsched.policy.scheduler import GNNScheduler
 from dagsched.reporting import to_jsonable
 from dagsched.settings import load_settings
 from dagsched.sim.config import ScenarioConfig
-from dagsched.sim.engine import Simulator
 from dagsched.sim.runner import generate_workflows, simulate
 from dagsched.sim.snapshot import SchedulerPolicy
 
@@ -57,7 +56,7 @@ def experience(sched: GNNScheduler, sc: ScenarioConfig, seed: int) -> list[Any]:
     """Every decided attempt of one sampled run of `sched` in `sc`, joined with its reward."""
     explorer = GNNScheduler(sched.model, sched.normalizer, sched.version, deterministic=False)
     loop = SimLoop(explorer, LoopConfig(learn=False, window=10**7), seed=seed)
-    loop.run(Simulator(sc, generate_workflows(sc, seed), seed=seed))
+    loop.run(loop.simulator(sc, generate_workflows(sc, seed), seed))
     return list(loop.window)
 
 

@@ -115,4 +115,12 @@ def table(doc: dict) -> None:
         f"workflows to first promotion per seed {s['workflows_to_promotion']}, "
         f"A/A false promotions {s['aa_false_promotion_rate']:.3f}; {s['wall_s']:.0f} s"
     )
+    if "replay_verdicts" in s:
+        fe = s["replay_fidelity_jct_err"]
+        med = "-" if fe["median"] is None else f"{fe['median']:.1%}"
+        top = "-" if fe["max"] is None else f"{fe['max']:.1%}"
+        c.print(
+            f"replay judge: windows {s['replay_verdicts']}; fidelity (mean JCT error) "
+            f"median {med}, max {top}, {fe['over_limit']} of {fe['windows']} over {fe['limit']:.0%}"
+        )
     c.print(f"targets: {s['targets']}")

@@ -150,10 +150,11 @@ class SimFeed:
         overhead = None if o.failed else (now - t.start_s) - o.transfer_s - o.compute_s
         self.recorder.attempt_ended(now, o.failed, "", overhead, after_oom=t.after_oom)
 
-    def workflow_ended(self, wf: Workflow, now: float, failed: bool) -> None:
-        """A workflow finished, or ran out of retries, at `now`."""
+    def workflow_ended(self, wf: Workflow, now: float, failed: bool, served: bool = True) -> None:
+        """A workflow finished, or ran out of retries, at `now`; `served`: by the serving
+        version."""
         met = not failed and now <= wf.arrival_s + wf.deadline_s + 1e-9
-        self.recorder.ended(wf.id, now - wf.arrival_s, met)
+        self.recorder.ended(wf.id, now - wf.arrival_s, met, served)
 
     def sync(self) -> None:
         """Fault counts as the events would have told them: task failures other than OOM
@@ -165,13 +166,14 @@ class SimFeed:
         r.node_downs = m.node_failures
 
     def families(self) -> dict[str, FamilyStats]:
-        """The simulator's per-family history now (a copy: the run goes on)."""
+        """The simulator's per-family history now (a copy: the run goes on), the fault
+        counts brought up to date first (`sync`), as a window closes with both."""
         assert self.sim is not None
+        self.sync()
         return copy.deepcopy(self.sim.history.families)
 
     def ready(self) -> list[ObservedWindow]:
         """Windows closed so far."""
-        self.sync()
         return self.recorder.ready(self.families())
 
 

@@ -1,31 +1,36 @@
-"""The replay judge on live traffic, for the evaluator: what it records from the wire, the
-windows it judges for the (champion, challenger) pair under test, and a replay win waiting
-for a clean canary.
+"""The replay judge on served traffic: what it records, the windows it judges for the
+(champion, challenger) pair under test, and a replay win waiting for a clean canary.
 
-Kafka-free and synchronous: the evaluator feeds it decoded messages and finished workflows,
-takes closed windows from `next_window`, runs `judge_window` in a worker thread (a window's
-replays take seconds to minutes) and hands the report back to `take`. Each pair gets its own
-`ReplayJudge`, so a report judged for a pair that has since changed is dropped, never counted
-in the new pair's test.
+Kafka-free and synchronous. The evaluator builds it `on_wire` and feeds it decoded messages
+and finished workflows; the in-process loop (`learner.sim_loop`) builds it with a `SimFeed`
+over its simulator run. Either takes closed windows from `next_window`, runs `judge_window`
+(the evaluator in a worker thread: a window's replays take seconds to minutes) and hands the
+report back to `take`. Each pair gets its own `ReplayJudge`, so a report judged for a pair
+that has since changed is dropped, never counted in the new pair's test.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Generic, Protocol, TypeVar
 
+from dagsched.core.history import FamilyStats
 from dagsched.core.scheduler import Scheduler
+from dagsched.learner.canary import CanaryCheck
 from dagsched.learner.live_ab import Sample
 from dagsched.learner.replay_feed import MessageFeed
 from dagsched.learner.replay_judge import (
     ObservedWindow,
     ReplayJudge,
+    ReplayJudgeConfig,
     TrafficRecorder,
     WindowReport,
     config_from,
 )
+from dagsched.learner.sequential import Verdict
 from dagsched.settings import Settings
+from dagsched.sim.config import ScenarioConfig
 from dagsched.sim.replay_world import PolicyFactory
 from dagsched.sim.snapshot import SchedulerPolicy
 
@@ -34,35 +39,57 @@ Pair = tuple[str, str]  # (champion, challenger) version ids, "v3"
 MAX_WAITING = 2
 
 
-class ReplayGate:
+class Feed(Protocol):
+    """Where the recorded traffic comes from: it fills the gate's recorder, and knows the
+    per-family history now."""
+
+    def families(self) -> dict[str, FamilyStats]: ...
+
+
+F = TypeVar("F", bound=Feed)
+
+
+class ReplayGate(Generic[F]):
     """Recorded traffic -> paired replays of the pair under test -> a verdict to act on."""
 
-    def __init__(self, settings: Settings, load: Callable[[str], Scheduler]) -> None:
-        """`load(version)` (a registry version number, "3") gives that version's scheduler."""
-        self.cfg = config_from(settings.evaluator.replay)
-        self.base = settings.sim
-        self.recorder = TrafficRecorder(self.cfg.window_workflows, self.cfg.warmup_workflows)
-        self.feed = MessageFeed(
-            self.recorder, settings.daemon.max_dag_tasks, settings.sim.cluster.speed
-        )
+    def __init__(
+        self,
+        cfg: ReplayJudgeConfig,
+        base: ScenarioConfig,
+        load: Callable[[str], Scheduler],
+        feed: Callable[[TrafficRecorder], F],
+    ) -> None:
+        """`load(version)` (a registry version number, "3") gives that version's scheduler;
+        `feed(recorder)` the feed that fills the gate's recorder."""
+        self.cfg = cfg
+        self.base = base
+        self.recorder = TrafficRecorder(cfg.window_workflows, cfg.warmup_workflows)
+        self.feed = feed(self.recorder)
         self.load = load
         self.pair: Pair | None = None
-        self.judge = ReplayJudge(self.cfg, self.base)
+        self.judge = ReplayJudge(cfg, base)
         self.won: WindowReport | None = None  # the pair's replay win, waiting for the canary
         self.waiting: deque[ObservedWindow] = deque(maxlen=MAX_WAITING)
         self.reports: deque[tuple[Pair, WindowReport]] = deque(maxlen=1000)
         self.skipped = 0  # closed windows never judged (no pair, or judging fell behind)
         self._schedulers: dict[str, Scheduler] = {}
 
-    # -- feeding ------------------------------------------------------------------------------
+    @staticmethod
+    def on_wire(settings: Settings, load: Callable[[str], Scheduler]) -> ReplayGate[MessageFeed]:
+        """The evaluator's gate: fed with the messages it consumes (`feed.add`)."""
+        return ReplayGate(
+            config_from(settings.evaluator.replay),
+            settings.sim,
+            load,
+            lambda rec: MessageFeed(rec, settings.daemon.max_dag_tasks, settings.sim.cluster.speed),
+        )
 
-    def add(self, msg: Any) -> None:
-        """A decoded message from `dagsched.tasks` or `dagsched.events`."""
-        self.feed.add(msg)
+    # -- feeding ------------------------------------------------------------------------------
 
     def ended(self, sample: Sample) -> None:
         """A workflow finished (or failed): what its window really did."""
-        self.recorder.ended(sample.workflow_id, sample.jct_s, sample.sla >= 1.0)
+        served = sample.arm == "champion"
+        self.recorder.ended(sample.workflow_id, sample.jct_s, sample.sla >= 1.0, served)
 
     def versions(self, champion: str | None, challenger: str | None) -> None:
         """The pair under test now; a new pair starts a new test."""
@@ -108,8 +135,25 @@ class ReplayGate:
             self.won = report
         return None
 
+    def promotion(self, canary: CanaryCheck | None) -> Verdict | None:
+        """The verdict to promote on: the pair's replay win once its canary is clean (one
+        try per win: a promotion refused waits for the next win)."""
+        if self.won is None or canary is None or canary.status != "clean":
+            return None
+        report, self.won = self.won, None
+        return replay_verdict(report, canary.verdict.reason)
+
     def _policy(self, version: str) -> PolicyFactory:
         sched = self._schedulers.get(version)
         if sched is None:
             sched = self._schedulers[version] = self.load(version.removeprefix("v"))
         return lambda _seed: SchedulerPolicy(sched, version)
+
+
+def replay_verdict(report: WindowReport, canary: str = "") -> Verdict:
+    """A judged window's verdict as it is acted on, its reason naming the judge (and the
+    canary's, for a promotion)."""
+    assert report.verdict is not None
+    v = report.verdict
+    reason = f"replay: {v.reason}" + (f"; {canary}" if canary else "")
+    return Verdict(v.decision, reason, v.rule, v.stats)

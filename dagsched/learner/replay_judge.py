@@ -14,9 +14,10 @@ history, the fault rates and the OOM restart time that the events revealed.
 - `ReplayJudge.judge` replays a window K times per version with common random numbers
   (replay k of both versions uses one seed: the same task ratios and node crashes), checks
   fidelity (the serving version's replays against what that window really did: the
-  relative error of mean JCT; above `fidelity_max_jct_err` the verdict is `unreliable` and
-  nothing is added), then feeds the K per-replay differences to the paired mSPRT
-  (`sequential.PairedTest`). Windows do not overlap, so no replay is counted twice.
+  relative error of mean JCT over the workflows it served; above `fidelity_max_jct_err`
+  the verdict is `unreliable` and nothing is added), then feeds the K per-replay
+  differences to the paired mSPRT (`sequential.PairedTest`). Windows do not overlap, so
+  no replay is counted twice.
 """
 
 from __future__ import annotations
@@ -69,6 +70,9 @@ class ObservedWindow:
     transient_failure: float = 0.0
     node_failure_per_hour: float = 0.0
     oom_restart_s: float = 0.0
+    # workflows served by another version (a challenger's slice, exploration): left out of
+    # fidelity, which asks how well the serving version's replays predict what it served
+    elsewhere: frozenset[str] = frozenset()
 
     @property
     def mean_jct_s(self) -> float:
@@ -113,6 +117,7 @@ class TrafficRecorder:
         self.order: list[str] = []  # arrivals not yet in a window, plus the warm-up tail
         self.jct_s: dict[str, float] = {}
         self.met: dict[str, bool] = {}
+        self.elsewhere: set[str] = set()  # ended workflows another version served
         self.nodes: dict[str, NodeSpec] = {}
         self.open: list[_Open] = []
         self._tail: list[Workflow] = []  # the last `warmup` arrivals before the next window
@@ -183,10 +188,16 @@ class TrafficRecorder:
             acc[0] += max(0.0, overhead_s)
             acc[1] += 1
 
-    def ended(self, workflow_id: str, jct_s: float, met: bool) -> None:
-        """A workflow finished (or failed) after `jct_s` seconds."""
+    def ended(self, workflow_id: str, jct_s: float, met: bool, served: bool = True) -> None:
+        """A workflow finished (or failed) after `jct_s` seconds; `served`: by the serving
+        version (not a challenger's or the exploration slice). A workflow no open or coming
+        window holds (its window closed without it) is not kept."""
+        if workflow_id not in self.arrived:
+            return
         self.jct_s[workflow_id] = jct_s
         self.met[workflow_id] = met
+        if not served:
+            self.elsewhere.add(workflow_id)
 
     def _clock(self, at_s: float) -> None:
         if self.first_s is None:
@@ -245,6 +256,7 @@ class TrafficRecorder:
             transient_failure=self.transient_failure,
             node_failure_per_hour=self.node_failure_per_hour,
             oom_restart_s=self.oom_restart_s,
+            elsewhere=frozenset(i for i in w.ids if i in self.elsewhere),
         )
         needed = {x.id for x in self._tail} | set(self.order)
         for o in self.open:
@@ -255,6 +267,7 @@ class TrafficRecorder:
         for i in w.ids:
             self.jct_s.pop(i, None)
             self.met.pop(i, None)
+            self.elsewhere.discard(i)
         return obs
 
 
@@ -333,10 +346,12 @@ def fidelity_of(
     observed: list[tuple[ObservedWindow, list[ReplayResult]]],
 ) -> Fidelity:
     """The serving version's replays against what its windows really did (mean JCT and SLA
-    over the workflows observed to end, every window's together)."""
+    over the workflows it served that were observed to end, every window's together)."""
     o_j, o_m, p_j, p_m = [], [], [], []
     for obs, replays in observed:
         for i, jct in obs.jct_s.items():
+            if i in obs.elsewhere:
+                continue
             got = [r.jct_s[i] for r in replays if i in r.jct_s]
             if got:
                 o_j.append(jct)

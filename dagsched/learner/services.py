@@ -40,9 +40,9 @@ from dagsched.learner.canary import CanaryRule
 from dagsched.learner.joining import Joined, OutcomeJoiner
 from dagsched.learner.live_ab import Action, Judge, Lease, WorkflowOutcomes, rule_from
 from dagsched.learner.online import FinetuneConfig, finetune_heads, learning_window
-from dagsched.learner.replay_gate import Pair, ReplayGate
+from dagsched.learner.replay_feed import MessageFeed
+from dagsched.learner.replay_gate import Pair, ReplayGate, replay_verdict
 from dagsched.learner.replay_judge import WindowReport, statistics
-from dagsched.learner.sequential import Verdict
 from dagsched.policy.scheduler import GNNScheduler
 from dagsched.schemas.messages import BadMessage, DecisionBatchMsg, DecisionLogMsg, decode
 from dagsched.settings import Settings
@@ -330,11 +330,11 @@ class EvaluatorService:
         self.joiner.wait_for_log = False
         self.outcomes = WorkflowOutcomes(self.joiner)
         canary = None
-        self.gate: ReplayGate | None = None
+        self.gate: ReplayGate[MessageFeed] | None = None
         if self.cfg.judge == "replay":
             c = self.cfg.canary
             canary = CanaryRule(c.min_workflows, {"sla": c.margin_sla, "speed": c.margin_speed})
-            self.gate = ReplayGate(settings, self.registry.load)
+            self.gate = ReplayGate.on_wire(settings, self.registry.load)
         self.judge = Judge(rule_from(self.cfg), self.cfg.guardrail_window, canary)
         self._judging: asyncio.Task[tuple[WindowReport, Pair]] | None = None
         self.on_verdict = on_verdict
@@ -407,7 +407,7 @@ class EvaluatorService:
                     elif not isinstance(m, DecisionLogMsg):
                         joined += self.joiner.add(m, now)
                         if gate is not None:
-                            gate.add(m)
+                            gate.feed.add(m)
                 joined += self.joiner.expire(now)
                 for j in joined:
                     sample = self.outcomes.add(j)
@@ -449,7 +449,7 @@ class EvaluatorService:
         if self.gate is not None:
             self.gate.versions(v(champ), v(chall))
 
-    def _replay_step(self, gate: ReplayGate) -> Action | None:
+    def _replay_step(self, gate: ReplayGate[MessageFeed]) -> Action | None:
         """Take a judged window's report, start judging the next closed one, and say what
         to do now: retire on the replay's word, promote on its win with a clean canary."""
         action = None
@@ -462,7 +462,7 @@ class EvaluatorService:
             else:
                 self._log_window(report, pair)
                 if gate.take(report, pair) == "retire" and report.verdict is not None:
-                    action = ("retire", self._replay_verdict(report))
+                    action = ("retire", replay_verdict(report))
         if self._judging is None:
             nxt = gate.next_window()
             if nxt is not None:
@@ -475,20 +475,9 @@ class EvaluatorService:
         return action or self._replay_action()
 
     def _replay_action(self) -> Action | None:
-        """Promote when the replay won for the pair under test and its canary is clean (one
-        try per win: a promotion the registry refuses waits for the next win)."""
-        gate, canary = self.gate, self.judge.canary
-        if gate is None or gate.won is None or canary is None or canary.status != "clean":
-            return None
-        report, gate.won = gate.won, None
-        return "promote", self._replay_verdict(report, canary.verdict.reason)
-
-    def _replay_verdict(self, report: WindowReport, canary: str = "") -> Verdict:
-        """The replay's verdict as the evaluator acts on it, its reason naming the judge."""
-        assert report.verdict is not None
-        v = report.verdict
-        reason = f"replay: {v.reason}" + (f"; {canary}" if canary else "")
-        return Verdict(v.decision, reason, v.rule, v.stats)
+        """Promote when the replay won for the pair under test and its canary is clean."""
+        v = self.gate.promotion(self.judge.canary) if self.gate is not None else None
+        return ("promote", v) if v is not None else None
 
     def _log_window(self, report: WindowReport, pair: Pair) -> None:
         log.info(

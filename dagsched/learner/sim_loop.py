@@ -18,7 +18,12 @@
 - **Evaluator.** One `Sample` per finished workflow (SLA met, mean reward, speed, arm and version
   of its first decided task, the covariates of that task's batch view) goes to a `Judge`;
   promote makes the challenger champion (the old one becomes previous), retire drops the
-  challenger, rollback restores the previous champion.
+  challenger, rollback restores the previous champion. With `evaluator.judge: replay` (the
+  services' default) the judge is the evaluator's: a `ReplayGate` over a `SimFeed` records
+  the run as the events would tell it, each closed window is replayed for the pair under
+  test (blocking the run: replays take no simulated time), and a replay win promotes once
+  the live `Judge`, then a canary guardrail, is clean. Build the run with `simulator`, so
+  that its arrivals are recorded.
 
 What differs from the services: versions live in a dict instead of MLflow, alias moves take
 effect at the next batch without a notice or reload, a round's fine-tuning takes no simulated
@@ -35,18 +40,26 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from dagsched.core.workflow import Workflow
 from dagsched.learner.adjustment import Congestion, congestion, covariates
+from dagsched.learner.canary import CanaryRule
 from dagsched.learner.joining import Joined
 from dagsched.learner.live_ab import Judge, Sample, rule_from, workflow_speed
 from dagsched.learner.online import FinetuneConfig, finetune_heads, learning_window
+from dagsched.learner.replay_feed import SimFeed
+from dagsched.learner.replay_gate import ReplayGate, replay_verdict
+from dagsched.learner.replay_judge import config_from
 from dagsched.policy.scheduler import GNNScheduler
 from dagsched.schemas.ab import workflow_bucket
 from dagsched.service_config import EvaluatorSettings
+from dagsched.sim.config import ScenarioConfig
 from dagsched.sim.reward import TaskOutcome
 from dagsched.sim.runs import Decision, TaskRun
 from dagsched.sim.snapshot import cluster_view, task_view
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from dagsched.sim.engine import Simulator
 
 
@@ -118,8 +131,15 @@ class SimLoop:
         self.previous: str | None = None
         self.window: deque[Joined] = deque(maxlen=cfg.window)
         self.completed = 0
-        self.judge = Judge(rule_from(cfg.evaluator), cfg.evaluator.guardrail_window)
+        ev = cfg.evaluator
+        canary = None
+        if cfg.learn and ev.judge == "replay":
+            c = ev.canary
+            canary = CanaryRule(c.min_workflows, {"sla": c.margin_sla, "speed": c.margin_speed})
+        self.judge = Judge(rule_from(ev), ev.guardrail_window, canary)
         self.judge.versions(self.champion, None)
+        self.gate: ReplayGate[SimFeed] | None = None  # the replay judge, once `simulator` built
+        self.windows: list[dict[str, Any]] = []  # every judged window, as the evaluator logs it
         self.workflows: dict[str, WorkflowResult] = {}
         self.events: list[LoopEvent] = []
         self.samples: list[Sample] = []  # one per finished workflow, as the judge sees it
@@ -133,8 +153,31 @@ class SimLoop:
 
     # -- driving ------------------------------------------------------------------------------
 
+    def simulator(
+        self, scenario: ScenarioConfig, workflows: Iterable[Workflow], seed: int
+    ) -> Simulator:
+        """The run to play; with the replay judge, its arrivals are recorded as they come."""
+        from dagsched.sim.engine import Simulator
+
+        if self.judge.canary_rule is None:
+            return Simulator(scenario, workflows, seed=seed)
+        gate = ReplayGate(
+            config_from(self.cfg.evaluator.replay),
+            scenario,
+            lambda v: self.versions[f"v{v}"],
+            SimFeed,
+        )
+        sim = Simulator(scenario, gate.feed.workflows(workflows), seed=seed)
+        gate.feed.attach(sim)
+        self.gate = gate
+        return sim
+
     def run(self, sim: Simulator, until: float | None = None) -> list[WorkflowResult]:
         """Play `sim` to its end (or simulated time `until`); every arrived workflow's result."""
+        if self.judge.canary_rule is not None and (
+            self.gate is None or self.gate.feed.sim is not sim
+        ):
+            raise ValueError("the replay judge records the run: build it with SimLoop.simulator")
         self.sim = sim
         sim.on_outcome = self._on_outcome
         while (batch := sim.advance(until)) is not None:
@@ -229,6 +272,8 @@ class SimLoop:
         assert self.sim is not None
         now = self.sim.now
         wf = t.run.wf
+        if self.gate is not None:
+            self.gate.feed.outcome(t, o, now)
         j = self._decided.pop((wf.id, t.idx, t.attempt), None)
         if j is None:
             return
@@ -258,10 +303,37 @@ class SimLoop:
             covariates(wf, self._congestion.pop(wf.id, None)),
         )
         self.samples.append(sample)
+        if self.gate is not None:
+            self.gate.feed.workflow_ended(wf, now, wf_failed, served=res.arm == "champion")
         if self.cfg.learn and res.arm != "explore":
             action = self.judge.add(sample)
             if action is not None:
                 self.act(now, *action)
+        if self.gate is not None:
+            self._replay_step(now)
+
+    def _replay_step(self, now: float) -> None:
+        """Judge every window closed for the pair under test, and act as the evaluator does:
+        retire on the replay's word, promote on its win once the canary is clean."""
+        gate = self.gate
+        assert gate is not None
+        gate.versions(self.champion, self.challenger)
+        while (nxt := gate.next_window()) is not None:
+            obs, pair, judge = nxt
+            report = gate.judge_window(obs, pair, judge)
+            f = report.fidelity
+            self.windows.append({
+                "at_s": now, "champion": pair[0], "challenger": pair[1], "window": report.window,
+                "decision": report.decision, "reason": report.reason,
+                "jct_err": f.jct_err, "sla_err": f.sla_err,
+                "observed_jct_s": f.observed_jct_s, "predicted_jct_s": f.predicted_jct_s,
+            })  # fmt: skip
+            if gate.take(report, pair) == "retire":
+                self.act(now, "retire", replay_verdict(report))
+                return
+        verdict = gate.promotion(self.judge.canary)
+        if verdict is not None:
+            self.act(now, "promote", verdict)
 
     def act(self, now: float, action: str, verdict: Any) -> None:
         """Apply an evaluator verdict ("promote", "retire", "rollback") at simulated `now`."""

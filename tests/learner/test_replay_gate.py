@@ -78,7 +78,7 @@ class _Throttled(HeftHistory):
         return [replace(p, cpu=CPU_BOUNDS[0]) for p in super().place(cluster, tasks)]
 
 
-def _gate(loaded: list[str]) -> ReplayGate:
+def _gate(loaded: list[str]) -> ReplayGate[MessageFeed]:
     s = load_settings(profile="test")
     replay = s.evaluator.replay.model_copy(update={
         "window_workflows": 20, "warmup_workflows": 10, "replays": 2, "min_replays": 2,
@@ -90,10 +90,10 @@ def _gate(loaded: list[str]) -> ReplayGate:
         loaded.append(version)
         return HeftHistory("srpt") if version == "1" else _Throttled()
 
-    return ReplayGate(s, load)
+    return ReplayGate.on_wire(s, load)
 
 
-def _windows(gate: ReplayGate, n: int) -> None:
+def _windows(gate: ReplayGate[MessageFeed], n: int) -> None:
     """Traffic of `n` workflows recorded into the gate's recorder, its windows waiting."""
     sc = gate.base
     wins = record_run(
@@ -139,7 +139,15 @@ def test_a_replay_win_waits_in_won_and_a_retire_is_acted_on() -> None:
     assert "retire" in acted and gate.won is None
 
 
-def test_a_finished_workflow_is_recorded_with_its_jct() -> None:
+def test_a_finished_workflow_is_recorded_with_its_jct_and_who_served_it() -> None:
     gate = _gate([])
-    gate.ended(Sample("w9", "champion", "v1", 1.0, -0.5, 0.3, None, 123.0))
-    assert gate.recorder.jct_s == {"w9": 123.0} and gate.recorder.met == {"w9": True}
+    a, b = stream_workflows(gate.base, 4, 2)
+    gate.ended(Sample(a.id, "champion", "v1", 1.0, -0.5, 0.3, None, 123.0))
+    assert gate.recorder.jct_s == {}  # not arrived: no window will hold it
+    gate.recorder.workflow(a)
+    gate.recorder.workflow(b)
+    gate.ended(Sample(a.id, "champion", "v1", 1.0, -0.5, 0.3, None, 123.0))
+    gate.ended(Sample(b.id, "challenger", "v2", 0.0, -0.5, 0.3, None, 456.0))
+    assert gate.recorder.jct_s == {a.id: 123.0, b.id: 456.0}
+    assert gate.recorder.met == {a.id: True, b.id: False}
+    assert gate.recorder.elsewhere == {b.id}  # the challenger's: not in fidelity

@@ -3,6 +3,8 @@ small calibrated replay (common random numbers, fidelity, the unreliable verdict
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from dagsched.core.history import FamilyStats, History, Measured
@@ -13,6 +15,7 @@ from dagsched.learner.replay_judge import (
     ReplayJudge,
     ReplayJudgeConfig,
     TrafficRecorder,
+    fidelity_of,
     paired_diffs,
 )
 from dagsched.learner.sequential import PairedRule, PairedTest
@@ -134,3 +137,18 @@ def test_poor_fidelity_is_refused() -> None:
     rep = ReplayJudge(cfg, sc).judge(wins[0], heft, heft)
     assert rep.decision == UNRELIABLE and "fidelity" in rep.reason and not rep.diffs
     assert rep.fidelity.jct_err > 0
+
+
+def test_fidelity_counts_only_what_the_serving_version_served() -> None:
+    wins, _ = _recorded(20, 0)
+    obs = wins[0]
+    ids = sorted(obs.jct_s)
+    # a replay that matches what was served exactly, except on the other version's workflows
+    other = set(ids[: len(ids) // 2])
+    replay = ReplayResult(
+        jct_s={i: obs.jct_s[i] * (3.0 if i in other else 1.0) for i in ids},
+        met={i: obs.met[i] for i in ids},
+    )
+    assert fidelity_of([(obs, [replay])]).jct_err > 0.5
+    served_elsewhere = replace(obs, elsewhere=frozenset(other))
+    assert fidelity_of([(served_elsewhere, [replay])]).jct_err == 0.0

@@ -45,7 +45,7 @@ def _scenario(workflows: int = 12) -> ScenarioConfig:
 def _run(champion: GNNScheduler, cfg: LoopConfig, workflows: int = 12) -> tuple[SimLoop, Simulator]:
     sc = _scenario(workflows)
     loop = SimLoop(champion, cfg, seed=3)
-    sim = Simulator(sc, generate_workflows(sc, 3), seed=3)
+    sim = loop.simulator(sc, generate_workflows(sc, 3), 3)
     loop.run(sim)
     return loop, sim
 
@@ -138,7 +138,7 @@ def test_the_exploration_slice_samples_feeds_the_learner_and_is_not_judged(
         return add(s)
 
     loop.judge.add = recorded  # type: ignore[method-assign]
-    loop.run(Simulator(sc, generate_workflows(sc, 3), seed=3))
+    loop.run(loop.simulator(sc, generate_workflows(sc, 3), 3))
     ids = {w.workflow_id for w in loop.workflows.values()}
     explored = {i for i in ids if 0.2 <= workflow_bucket(i) < 0.6}
     assert explored and explored != ids
@@ -192,7 +192,7 @@ def test_a_bad_version_promoted_by_hand_is_rolled_back_by_the_guardrail(
     window = 60
     ev = EvaluatorSettings(guardrail_window=window)
     loop = SimLoop(champion, LoopConfig(every_n=10**9, share=0.0, evaluator=ev), seed=5)
-    sim = Simulator(sc, generate_workflows(sc, 5), seed=5)
+    sim = loop.simulator(sc, generate_workflows(sc, 5), 5)
     loop.run(sim, until=sorted(w.arrival_s for w in generate_workflows(sc, 5))[20])
     version = loop.promote_by_hand(_sabotaged(champion), sim.now)
     assert (loop.champion, loop.previous) == (version, "v1")
@@ -207,3 +207,45 @@ def test_a_bad_version_promoted_by_hand_is_rolled_back_by_the_guardrail(
     assert rollback["reason"].startswith(f"guardrail: SLA of {version}")
     assert rollback["stats"]["sla"]["n_challenger"] <= window
     assert results[-1].version == "v1"  # the champion serves again
+
+
+def _replaying(champion: GNNScheduler, challenger: GNNScheduler) -> SimLoop:
+    """A loop judged by the replay judge in small windows, `challenger` under test as v2."""
+    replay = EvaluatorSettings().replay.model_copy(update={
+        "window_workflows": 15, "warmup_workflows": 10, "replays": 2, "min_replays": 4,
+        "fidelity_max_jct_err": 10.0,
+    })  # fmt: skip
+    canary = EvaluatorSettings().canary.model_copy(update={"min_workflows": 5})
+    ev = EvaluatorSettings(judge="replay", replay=replay, canary=canary)
+    served = GNNScheduler(champion.model, champion.normalizer, "v1")
+    loop = SimLoop(served, LoopConfig(share=0.3, every_n=10**9, evaluator=ev), seed=5)
+    loop.versions["v2"] = GNNScheduler(challenger.model, challenger.normalizer, "v2")
+    loop.parent["v2"] = "v1"
+    loop.challenger = "v2"
+    loop.judge.versions("v1", "v2")
+    return loop
+
+
+def test_the_replay_judge_promotes_a_better_challenger_once_its_canary_is_clean(
+    champion: GNNScheduler,
+) -> None:
+    sc = replace(_scenario(90), drift=None)
+    loop = _replaying(_sabotaged(champion), champion)
+    with pytest.raises(ValueError, match="SimLoop.simulator"):
+        loop.run(Simulator(sc, generate_workflows(sc, 5), seed=5))  # arrivals not recorded
+    loop.run(loop.simulator(sc, generate_workflows(sc, 5), 5))
+    assert loop.windows and all(w["challenger"] == "v2" for w in loop.windows[:1])
+    promote = next(e for e in loop.events if e.kind == "promote")
+    assert promote.version == "v2" and promote.detail["reason"].startswith("replay: ")
+    assert "canary" in promote.detail["reason"]
+    judged = [w for w in loop.windows if w["at_s"] <= promote.at_s]
+    assert judged[-1]["decision"] == "promote"  # the win came from a judged window
+
+
+def test_the_replay_judge_retires_a_worse_challenger(champion: GNNScheduler) -> None:
+    sc = replace(_scenario(90), drift=None)
+    loop = _replaying(champion, _sabotaged(champion))
+    loop.run(loop.simulator(sc, generate_workflows(sc, 5), 5))
+    assert not [e for e in loop.events if e.kind == "promote"] and loop.champion == "v1"
+    retire = next(e for e in loop.events if e.kind == "retire")
+    assert retire.version == "v2" and loop.challenger is None
