@@ -231,12 +231,21 @@ def evaluation_page() -> list[str]:
 
 
 ONLINE_SHIFT = {
-    "online_shift.json": "python bench/online_shift.py",
+    "online_shift.json": "python bench/online_shift.py --seeds 1",
     "online_shift_quick.json": "python bench/online_shift.py --quick",
     "online_shift_keep_learning.json": "python bench/online_shift.py --keep-learning",
     "online_shift_explore.json": "python bench/online_shift.py --quick --load 0.7 "
     "--explore-share 0.2",
     "online_shift_min_rounds6/online_shift.json": "python bench/online_shift.py --min-rounds 6",
+}
+
+
+REPLAY_INTERFERENCE = {
+    "replay_interference.json": "python bench/replay_interference.py --seeds 1 --replays 16 "
+    "--warmup 100",
+    "replay_interference_quick.json": "python bench/replay_interference.py --quick",
+    "replay_interference_baseline_quick.json": "python bench/replay_interference.py --quick "
+    "--baseline",
 }
 
 
@@ -260,7 +269,17 @@ def learning_page() -> list[str]:
                 f"(load {cfg['load']}), the shift on at {cfg['shift_at']:.0%} of the arrivals; "
                 f"challenger share {cfg['share']}, exploration {cfg.get('explore_share', 0)}. "
                 f"Promotions: {s['promotions']}, rollbacks: {s['rollbacks']}, rounds: "
-                f"{s['rounds']}; A/A false promotions {s['aa_false_promotion_rate']:.1%}.")
+                f"{s['rounds']}; A/A false promotions of the per-workflow A/B "
+                f"{s['aa_false_promotion_rate']:.1%}.")
+        if rv := s.get("replay_verdicts"):
+            fe = s["replay_fidelity_jct_err"]
+            counts = ", ".join(f"{k} {v}" for k, v in rv.items())
+            what += (f" Judged by the replay judge: windows {counts}; fidelity (the serving "
+                     "version's mean JCT error) median "
+                     f"{num(100 * fe['median'], 1)}%, worst {num(100 * fe['max'], 1)}%, "
+                     f"{fe['over_limit']} of {fe['windows']} windows over {fe['limit']:.0%}.")
+        else:
+            what += " Judged by the per-workflow A/B."
         body = [*table(["arm", "SLA before", "mean JCT s before", "SLA after",
                         "mean JCT s after"], rows),
                 f"Held out ({cfg['held_out']} seeds \u00d7 {cfg['held_out_workflows']} workflows, "
@@ -269,6 +288,32 @@ def learning_page() -> list[str]:
         png = src.path.with_suffix(".png").name
         out += section(f"The loop in the shifted world: `{rel}`", what, src, command,
                        body + chart(src, png, "SLA per 100 arrivals"))
+    for rel, command in REPLAY_INTERFERENCE.items():
+        if not (src := load(rel)):
+            continue
+        rows = []
+        for r in src.data["seeds"]:
+            v, c = r["variant"], r["copy"]
+            fv, fc, st = v["first_verdict"], c["first_verdict"], v["stats"]["jct"]
+            whole = r["whole_variant"]["mean_jct_s"] / r["whole_champion"]["mean_jct_s"] - 1
+            rows.append([r["seed"], f"{whole:+.1%}",
+                         "none" if fv is None else f"{fv['decision']} at {fv['workflows']}",
+                         f"{st['diff']:+.3f} [{st['lower']:+.3f}, {st['upper']:+.3f}]",
+                         "none" if fc is None else f"{fc['decision']} at {fc['workflows']}",
+                         " ".join(f"{w['jct_err']:.0%}" for w in v["windows"])])
+        cfg = src.data["config"]
+        champ = "heft_history" if cfg.get("baseline") else "the shipped champion"
+        out += section(f"The replay judge on the interference case: `{rel}`",
+                       f"{champ} serving {cfg['workflows']} workflows of `shift`; the variant "
+                       f"reserves CPU {cfg['shift']:+g} in logit space; windows of "
+                       f"{cfg['window']}, warm-up {cfg['warmup']}, K={cfg['replays']}. "
+                       "Whole-cluster JCT is the variant serving everything against the "
+                       "champion (negative: the variant is faster); the JCT difference is "
+                       "the replays' relative reduction with its 95% confidence sequence.",
+                       src, command,
+                       table(["seed", "JCT whole, variant/champion", "variant: first verdict",
+                              "variant JCT diff [CS]", "copy: first verdict",
+                              "fidelity by window"], rows))
     if src := load("aa_false_promotions.json"):
         out += section("False promotions of the sequential test",
                        "Simulated per-workflow outcomes, the evaluator's rule: "
