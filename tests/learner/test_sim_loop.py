@@ -231,7 +231,7 @@ def test_the_replay_judge_promotes_a_better_challenger_once_its_canary_is_clean(
 ) -> None:
     sc = replace(_scenario(90), drift=None)
     loop = _replaying(_sabotaged(champion), champion)
-    with pytest.raises(ValueError, match="SimLoop.simulator"):
+    with pytest.raises(ValueError, match=r"SimLoop\.simulator"):
         loop.run(Simulator(sc, generate_workflows(sc, 5), seed=5))  # arrivals not recorded
     loop.run(loop.simulator(sc, generate_workflows(sc, 5), 5))
     assert loop.windows and all(w["challenger"] == "v2" for w in loop.windows[:1])
