@@ -35,7 +35,9 @@ from dagsched.sim.replay_world import PolicyFactory
 from dagsched.sim.snapshot import SchedulerPolicy
 
 Pair = tuple[str, str]  # (champion, challenger) version ids, "v3"
-# closed windows waiting to be judged: when judging falls behind traffic, the newest are kept
+# closed windows waiting to be judged: when judging falls behind traffic, the newest are kept.
+# A new pair starts with the newest this many closed windows (recorded traffic is there to
+# be replayed): with the default K=8 and min_replays 16 its first verdict can come at once
 MAX_WAITING = 2
 
 
@@ -70,6 +72,7 @@ class ReplayGate(Generic[F]):
         self.judge = ReplayJudge(cfg, base)
         self.won: WindowReport | None = None  # the pair's replay win, waiting for the canary
         self.waiting: deque[ObservedWindow] = deque(maxlen=MAX_WAITING)
+        self.recent: deque[ObservedWindow] = deque(maxlen=MAX_WAITING)  # whatever the pair
         self.reports: deque[tuple[Pair, WindowReport]] = deque(maxlen=1000)
         self.skipped = 0  # closed windows never judged (no pair, or judging fell behind)
         self._schedulers: dict[str, Scheduler] = {}
@@ -99,6 +102,9 @@ class ReplayGate(Generic[F]):
         self.pair = pair
         self.judge = ReplayJudge(self.cfg, self.base)
         self.won = None
+        # the new pair is judged at once on the newest closed windows, not only on traffic
+        # still to come
+        self.waiting = deque(self.recent if pair is not None else (), maxlen=MAX_WAITING)
         keep = set(pair or ())
         self._schedulers = {v: s for v, s in self._schedulers.items() if v in keep}
 
@@ -108,6 +114,7 @@ class ReplayGate(Generic[F]):
         """The next closed window to judge for the pair under test, if any."""
         closed = self.recorder.ready(self.feed.families()) if self.recorder.closable() else []
         for w in closed:
+            self.recent.append(w)
             if self.pair is None:
                 self.skipped += 1
                 continue

@@ -100,7 +100,9 @@ def _windows(gate: ReplayGate[MessageFeed], n: int) -> None:
         lambda wfs, hook: Simulator(sc, wfs, seed=4, on_outcome=hook),
         make_policy("heft_history_srpt", 4), gate.recorder, stream_workflows(sc, 4, n),
     )  # fmt: skip
-    gate.waiting.extend(wins)
+    gate.recent.extend(wins)  # as `next_window` keeps closed windows
+    if gate.pair is not None:
+        gate.waiting.extend(wins)
 
 
 def test_windows_are_judged_for_the_pair_under_test_only() -> None:
@@ -151,3 +153,22 @@ def test_a_finished_workflow_is_recorded_with_its_jct_and_who_served_it() -> Non
     assert gate.recorder.jct_s == {a.id: 123.0, b.id: 456.0}
     assert gate.recorder.met == {a.id: True, b.id: False}
     assert gate.recorder.elsewhere == {b.id}  # the challenger's: not in fidelity
+
+
+def test_a_new_pair_is_judged_at_once_on_the_newest_closed_windows() -> None:
+    gate = _gate([])
+    wfs = list(stream_workflows(gate.base, 4, 80))
+    for wf in wfs[:60]:  # three windows of 20, every workflow ended
+        gate.recorder.workflow(wf)
+        gate.recorder.ended(wf.id, 10.0, True)
+    assert gate.next_window() is None and gate.skipped == 3  # no pair: none judged...
+    gate.versions("v1", "v2")
+    got = []
+    while (nxt := gate.next_window()) is not None:
+        got.append(nxt[0].index)
+    assert got == [1, 2]  # ...but the newest two wait for the first pair
+    gate.versions("v1", "v3")
+    nxt = gate.next_window()
+    assert nxt is not None and nxt[0].index == 1  # and for the next one, judged afresh
+    gate.versions(None, None)
+    assert gate.next_window() is None and not gate.waiting
