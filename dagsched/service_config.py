@@ -29,6 +29,24 @@ class TopicSettings(_Strict):
     partitions: int = Field(default=6, ge=1, le=256)
 
 
+class CacheSettings(_Strict):
+    """What a daemon process keeps in memory across batches, each bounded (least recently used
+    out, or cleared when full). Sizes and fill times: docs/operations/caches.md."""
+
+    # decisions this replica made or read, by (task, attempt): a redelivery while Redis is
+    # away gets the same decision from them. While Redis is away, a replica decides up to this
+    # many tasks from memory, then holds its input in the broker until Redis answers
+    decisions: int = Field(default=100_000, ge=10, le=100_000_000)
+    # parsed workflows (the DAG and its message, ~18 KB), and their downward finish times
+    workflows: int = Field(default=10_000, ge=10, le=10_000_000)
+    # per model served: the DAG inputs of workflows seen, in task rows (~120 B each)
+    dag_rows: int = Field(default=500_000, ge=1_000, le=100_000_000)
+    # per model served: encoded DAGs, in task rows (4 x hidden bytes each, 256 B at hidden 64)
+    encoding_rows: int = Field(default=100_000, ge=1_000, le=100_000_000)
+    # per topic: record key -> partition (the producer's murmur2, in pure Python)
+    partition_keys: int = Field(default=100_000, ge=100, le=100_000_000)
+
+
 class DaemonSettings(_Strict):
     """The scheduling daemon's batching, limits, A/B split and reload cadence."""
 
@@ -59,7 +77,7 @@ class DaemonSettings(_Strict):
     # the redelivery window: how long a stored decision stays in Redis, so that a redelivered
     # task_ready gets the byte-identical decision back (a consumer's uncommitted batch, a
     # replica that died, a job queue asking again, a group rewound: seconds to hours). Redis
-    # holds ~440 B per decision for this long (docs/operations/event-side.md)
+    # holds 440-504 B per decision for this long (docs/operations/event-side.md)
     decision_ttl_s: int = Field(default=3 * 3600, ge=60)
     # how long a workflow's DAG and progress stay in Redis past its last decision or event:
     # longer than its longest task runs (a child's task_ready needs the DAG). ~330 B per
@@ -76,6 +94,7 @@ class DaemonSettings(_Strict):
     # path is many small operations per task: on a shared 2-core host one thread ran it 5-10x
     # faster than two (bench/daemon_throughput.py); replicas scale by processes instead.
     torch_threads: int = Field(default=1, ge=0, le=256)
+    caches: CacheSettings = Field(default_factory=CacheSettings)
 
 
 class RegistrySettings(_Strict):

@@ -127,8 +127,17 @@ class Models:
             sampler = GNNScheduler(
                 sched.model, sched.normalizer, sched.version, deterministic=False
             )
-            self._explore = (sched, sampler)
+            self._explore = (sched, self._bounded(sampler))
         return self._explore[1]
+
+    def _bounded(self, sched: Scheduler) -> Scheduler:
+        """`sched` with its caches bounded by `daemon.caches` (a model's: the heuristics keep
+        none across batches)."""
+        bound = getattr(sched, "bound_caches", None)
+        if bound is not None:
+            caches = self.settings.daemon.caches
+            bound(caches.dag_rows, caches.encoding_rows)
+        return sched
 
     def swap(self) -> bool:
         """Install versions loaded since the last batch; True when anything changed. Once the
@@ -207,6 +216,7 @@ class Models:
                 log.warning("registry.load_failed", arm=arm, version=version, error=str(exc))
                 continue
             if loaded is not None:
+                self._bounded(loaded[1])
                 await self.warm(arm, loaded)  # parked warm: it serves warm from its first batch
                 self._pending[arm] = loaded
                 if arm == "shadow":

@@ -213,6 +213,7 @@ class BatchLoop:
                     log.warning("batch.abandoned", reason=str(why), records=len(records))
                     return  # not committed: redelivered after a restart or rebalance
                 log.info("batch.held", reason=str(why), retry_in_s=hold)
+                self.metrics.held.inc()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.stop_event.wait(), hold)
                 hold = min(hold * 2, HOLD_S[1])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,8 +32,9 @@ def max_record_bytes(settings: Settings) -> int:
 
 
 def make_producer(settings: Settings) -> AIOKafkaProducer:
-    """acks=all, no idempotence (Tansu lacks InitProducerId): at-least-once delivery."""
-    return AIOKafkaProducer(
+    """acks=all, no idempotence (Tansu lacks InitProducerId): at-least-once delivery. Its
+    key -> partition map (`_send`) holds `daemon.caches.partition_keys` keys per topic."""
+    producer = AIOKafkaProducer(
         bootstrap_servers=settings.kafka_bootstrap,
         acks="all",
         enable_idempotence=False,
@@ -41,6 +43,8 @@ def make_producer(settings: Settings) -> AIOKafkaProducer:
         retry_backoff_ms=100,
         max_request_size=max_record_bytes(settings),
     )
+    _PARTITIONS[producer] = _Partitions(settings.daemon.caches.partition_keys)
+    return producer
 
 
 def dead_letter(settings: Settings, rec: Any, reason: str) -> Output:
@@ -107,8 +111,9 @@ async def _send(producer: AIOKafkaProducer, outputs: Sequence[Output]) -> list[A
     in deciding them with the heuristic."""
     groups: dict[tuple[str, int], list[tuple[bytes | None, bytes]]] = {}
     futures = []
+    partitions = _PARTITIONS.setdefault(producer, _Partitions())
     for topic, key, value in outputs:
-        partition = _PARTITIONS.partition(producer, topic, key)
+        partition = partitions.partition(producer, topic, key)
         if partition is None:  # no metadata yet: `send` waits for it
             futures.append(await producer.send(topic, value=value, key=key))
             continue
@@ -126,11 +131,11 @@ async def _send(producer: AIOKafkaProducer, outputs: Sequence[Output]) -> list[A
 
 class _Partitions:
     """Key -> partition as aiokafka's default partitioner picks it, remembered per topic and
-    partition count (a batch's decisions share few workflow ids; murmur2 is pure Python)."""
+    partition count (a batch's decisions share few workflow ids; murmur2 is pure Python),
+    cleared when it holds `cap` keys."""
 
-    CAP = 100_000
-
-    def __init__(self) -> None:
+    def __init__(self, cap: int = 100_000) -> None:
+        self.cap = cap
         self.known: dict[tuple[str, int], tuple[list[int], dict[bytes, int]]] = {}
         self.hash = DefaultPartitioner()
 
@@ -146,10 +151,11 @@ class _Partitions:
             return int(self.hash(None, known[0], list(available or ())))
         hit = known[1].get(key)
         if hit is None:
-            if len(known[1]) >= self.CAP:
+            if len(known[1]) >= self.cap:
                 known[1].clear()
             hit = known[1][key] = int(self.hash(key, known[0], known[0]))
         return hit
 
 
-_PARTITIONS = _Partitions()
+# each producer's map, kept while the producer is
+_PARTITIONS: weakref.WeakKeyDictionary[AIOKafkaProducer, _Partitions] = weakref.WeakKeyDictionary()

@@ -93,6 +93,12 @@ class DaemonMetrics:
             "batches decided on a view older than the request (daemon.view_wait_ms ran out)",
             registry=r,
         )
+        self.held = Counter(
+            "dagsched_batches_held_total",
+            "times a batch was held uncommitted, to be retried: no alive node known, or Redis "
+            "away with as many decisions to write back as daemon.caches.decisions",
+            registry=r,
+        )
         self.warmup = Gauge(
             "dagsched_warmup_seconds",
             "Seconds each version serving (or about to) took to place its warm-up batches",

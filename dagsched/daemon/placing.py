@@ -46,7 +46,6 @@ Key = tuple[str, int]  # (workflow_id/task, attempt)
 Inputs = tuple[
     dict[str, Workflow | None], ClusterView | None, dict[str, Progress], dict[str, FamilySummary]
 ]
-FINISH_CACHE = 10_000  # workflows whose downward finish times are kept (as the store's cache)
 
 
 class Hold(Exception):
@@ -128,6 +127,11 @@ class Placer:
             else:
                 pending[key] = (m, wf)
         at = max((m.at for m, _ in pending.values() if m.at is not None), default=None)
+        if self.store.backlog_full(len(pending)):
+            raise Hold(
+                "Redis is away and the decisions waiting to be written back would pass "
+                f"daemon.caches.decisions ({self.cfg.caches.decisions})"
+            )
         for round_ in range(PLACE_ROUNDS):
             if not pending:
                 break
@@ -328,7 +332,7 @@ class Placer:
         hit = self._finish.get(wf.id)
         if hit is None or hit[0] is not wf:
             f = downward_finish_s(wf)
-            if len(self._finish) >= FINISH_CACHE:
+            if len(self._finish) >= self.cfg.caches.workflows:
                 self._finish.clear()
             hit = self._finish[wf.id] = (wf, f, max(f) or 1.0)
         return hit[1], hit[2]

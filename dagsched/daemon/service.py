@@ -115,7 +115,7 @@ class Daemon:
         self._own_redis = redis is None
         self.redis = redis if redis is not None else connect(settings)
         self.rs = RedisState(self.redis, settings)
-        self.store = StateStore(self.rs, self._parse_workflow)
+        self.store = StateStore(self.rs, self._parse_workflow, settings.daemon.caches)
         self.metrics_port = self.cfg.metrics_port if metrics_port is None else metrics_port
         self.run_updater = run_updater
         self.consumer_options = consumer_options or {}

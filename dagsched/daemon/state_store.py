@@ -2,7 +2,9 @@
 
 While Redis is unreachable the store serves the last `ClusterView` it read, applies this
 replica's own reservations to it locally, keeps its decisions and workflows in memory, and
-says so (`degraded`, `state_age_s`). When Redis answers again it resyncs: workflows and
+says so (`degraded`, `state_age_s`). What it keeps is bounded by `daemon.caches`: once it
+holds as many decisions to write back as it remembers, `backlog_full` says so and the batch
+loop holds its input in the broker. When Redis answers again it resyncs: workflows and
 decisions made meanwhile are written back (a decision another replica stored first wins and
 is logged), then the view is read fresh.
 """
@@ -23,11 +25,10 @@ from dagsched.core.history import FamilySummary, summarize
 from dagsched.core.view import ClusterView
 from dagsched.core.workflow import Workflow
 from dagsched.daemon.redis_state import Progress, RedisState, Reservation
+from dagsched.service_config import CacheSettings
 
 log = structlog.get_logger(__name__)
 
-LOCAL_DECISIONS = 100_000  # decisions remembered in memory (for redeliveries during an outage)
-LOCAL_WORKFLOWS = 10_000
 RESYNC_BACKOFF_S = (0.2, 5.0)
 
 
@@ -47,15 +48,19 @@ class StateStore:
     """Redis-backed state with a local fallback; never raises `RedisError` to the caller."""
 
     def __init__(
-        self, redis_state: RedisState, parse_workflow: Callable[[bytes], Workflow]
+        self,
+        redis_state: RedisState,
+        parse_workflow: Callable[[bytes], Workflow],
+        caches: CacheSettings | None = None,
     ) -> None:
+        caches = caches or CacheSettings()
         self.rs = redis_state
         self.parse_workflow = parse_workflow  # raw workflow JSON -> Workflow, validated
         self.degraded = False
         self.last_ok = 0.0  # monotonic time of the last successful Redis read
         self._view: ClusterView | None = None
-        self._decisions = _Lru(LOCAL_DECISIONS)
-        self.workflows = _Lru(LOCAL_WORKFLOWS)  # id -> (Workflow, raw message)
+        self._decisions = _Lru(caches.decisions)
+        self.workflows = _Lru(caches.workflows)  # id -> (Workflow, raw message)
         self._pending_wf: dict[str, bytes] = {}
         self._pending_res: list[Reservation] = []
         self._next_try = 0.0
@@ -66,6 +71,13 @@ class StateStore:
     def state_age_s(self) -> float:
         """Seconds since Redis last answered a read (0 before the first)."""
         return time.monotonic() - self.last_ok if self.last_ok else 0.0
+
+    def backlog_full(self, more: int = 0) -> bool:
+        """True while Redis is away and `more` decisions on top of those not yet written back
+        would pass what this replica remembers (`daemon.caches.decisions`): they could push
+        out a decision a redelivery must get back, so the caller holds its input until Redis
+        answers."""
+        return self.degraded and len(self._pending_res) + more > self._decisions.cap
 
     def _down(self, what: str, exc: BaseException) -> None:
         if not self.degraded:

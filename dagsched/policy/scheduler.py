@@ -77,6 +77,17 @@ class GNNScheduler:
         self._params: list[torch.nn.Parameter] | None = None
         self._unsupported = False
         self._dags = DagCache()
+        self._encoding_rows: int | None = None  # None: `Encodings`' default
+
+    def bound_caches(self, dag_rows: int, encoding_rows: int) -> GNNScheduler:
+        """Bound what this scheduler keeps across batches, in task rows: the DAG inputs
+        (`DagCache`) and the encoded DAGs of its numpy mirror (`Encodings`); the daemon's
+        `daemon.caches`. Least recently used out from the next entry on."""
+        self._dags.max_rows = dag_rows
+        self._encoding_rows = encoding_rows
+        if self._net is not None:
+            self._net.encodings.max_rows = encoding_rows
+        return self
 
     def compile(self) -> GNNScheduler:
         """Run the forward pass through `torch.compile` (inductor, dynamic shapes).
@@ -120,6 +131,8 @@ class GNNScheduler:
         if self._net is None or key != self._net_key:
             try:
                 self._net = NumpyNet(self.model, self.normalizer)
+                if self._encoding_rows is not None:
+                    self._net.encodings.max_rows = self._encoding_rows
             except Unsupported as exc:  # served, but by the plain path (several times slower)
                 log.warning("policy.fast_path_unsupported", version=self.version, reason=str(exc))
                 self._unsupported = True

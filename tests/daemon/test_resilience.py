@@ -185,6 +185,42 @@ async def own_redis(broker, tmp_path, champion_template: Path):
     server.stop()
 
 
+async def test_an_outage_longer_than_local_memory_holds_input_in_the_broker(
+    broker, tmp_path, start_daemon
+):
+    """While Redis is away a replica decides from memory up to `daemon.caches.decisions`
+    tasks, then holds the rest uncommitted; once Redis answers they are decided, once each."""
+    server = RedisServer().start()
+    s = make_settings(broker.bootstrap, server.url, tmp_path, **{"daemon.caches.decisions": 10})
+    await ensure_topics(s)
+    client = await Client(s).start()
+    try:
+        await client.heartbeats(3)
+        d = await start_daemon(s)
+        await client.workflow("wf-0", n_tasks=16)
+        await client.ready("wf-0", 0)
+        await client.wait("decisions", 1)
+        server.stop()
+        for task in range(1, 15):
+            await client.ready("wf-0", task)
+
+        async def held() -> bool:
+            return (await d.metrics()).value("dagsched_batches_held_total") > 0
+
+        await wait_for(held, 20, "a held batch")
+        await client.poll()
+        assert len(client.got["decisions"]) - 1 <= 10  # never more than it remembers
+        assert await committed(s) < await end_offsets(s)  # the rest waits in the broker
+        server.start()  # empty: the view comes back with the heartbeats
+        await client.heartbeats(3)
+        got = await client.wait("decisions", 15)
+        assert sorted(x.task for x in got) == list(range(15))  # each decided once
+        assert await read_topic(s, "deadletter") == {}
+    finally:
+        await client.close()
+        server.stop()
+
+
 async def test_redis_outage_degrades_and_resyncs(own_redis, start_daemon):
     server, s = own_redis
     client = await Client(s).start()

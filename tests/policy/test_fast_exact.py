@@ -229,6 +229,23 @@ def test_the_dag_cache_is_bounded_by_task_rows(
     assert np.array_equal(cache.get(first)[0], x)
 
 
+def test_bound_caches_bounds_what_a_scheduler_keeps_across_batches(
+    champion: GNNScheduler, batches: dict[str, tuple[ClusterView, list[TaskView]]]
+) -> None:
+    view, tasks = batches["32 nodes, busy"]
+    sizes = sorted({id(t.workflow): t.workflow.size for t in tasks}.values())
+    assert len(sizes) >= 3
+    rows = sizes[-1] + 1  # room for the largest workflow, not for all of them
+    sched = GNNScheduler(champion.model, champion.normalizer, "bounded").bound_caches(rows, rows)
+    unbounded = GNNScheduler(champion.model, champion.normalizer, "unbounded")
+    for t in tasks:  # one batch each: every workflow passes through the caches
+        assert sched.place(view, [t]) == unbounded.place(view, [t])
+    net, free = sched.numpy_net(), unbounded.numpy_net()
+    assert net is not None and free is not None
+    assert sched._dags.rows <= rows < unbounded._dags.rows
+    assert net.encodings.rows <= rows < free.encodings.rows
+
+
 def test_a_map_stages_siblings_share_one_encoding_and_decide_as_their_own_passes(
     champion: GNNScheduler, batches: dict[str, tuple[ClusterView, list[TaskView]]]
 ) -> None:
