@@ -29,7 +29,8 @@ mean reward, speed) of the frozen champion in the faithful, unshifted world, dra
         [--shift-at 0.1] [--share 0.3] [--explore-share 0.4] [--every-n 2000] [--window 2000]
         [--lr 2e-3] [--epochs 8] [--target-kl 0.2] [--ent-coef 0.01] [--clip 0.2]
         [--credit task-critic] [--min-samples 100] [--max-samples 300]
-        [--replace-challenger] [--no-keep-learning] [--load L] [--judge replay|ab] [--out DIR]
+        [--replace-challenger] [--no-keep-learning] [--load L] [--judge replay|ab]
+        [--learner ppo|search] [--out DIR]
 
 The defaults are the fine-tuning settings that closed the gap offline (`experiments/shift_gap.py`)
 with an exploration slice to learn from, rounds every ~90 workflows that go on improving a
@@ -263,9 +264,18 @@ def parse() -> argparse.Namespace:
     ap.add_argument(
         "--judge", choices=("replay", "ab"), default=None, help="default: evaluator.judge"
     )
+    ap.add_argument(
+        "--learner",
+        choices=("ppo", "search"),
+        default="ppo",
+        help="how rounds fine-tune the heads: PPO on the logs, or a search by paired replay "
+        "(no exploration slice, no shadow)",
+    )
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
     add_finetune_args(ap, lr=2e-3, credit="task-critic")
     args = ap.parse_args()
+    if args.learner == "search":
+        args.explore_share, args.keep_learning = 0.0, False
     if args.quick:
         args.seeds, args.workflows, args.held_out = 2, 700, 2
         args.held_out_workflows, args.aa_workflows, args.aa_runs = 150, 400, 200
@@ -293,6 +303,7 @@ def main() -> None:
         replace_challenger=args.replace_challenger,
         keep_learning=args.keep_learning,
         min_rounds=args.min_rounds,
+        learner=args.learner,
     )
     wl = replace(s.sim.workload, workflows=args.workflows)
     if args.load is not None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from dagsched.schemas.messages import MAX_MESSAGE_DEPTH
 
@@ -188,6 +188,26 @@ class TrainSettings(_Strict):
         return v
 
 
+class HeadSearchSettings(_Strict):
+    """`learner.method: search`: the pattern search over the heads' constant shifts
+    (`learner.head_search.SearchConfig`)."""
+
+    heads: tuple[Literal["cpu", "mem", "max_retries", "priority"], ...] = ("cpu", "mem")
+    step: float = Field(default=0.4, gt=0, le=5)  # the first step, in logit
+    min_step: float = Field(default=0.1, gt=0, le=5)  # it ends when no move this size gains
+    max_evals: int = Field(default=16, ge=1, le=1000)  # candidates scored, the start included
+    min_gain: float = Field(default=0.01, ge=0, lt=1)  # a kept move lowers mean JCT this share
+    replays: int = Field(default=1, ge=1, le=100)  # per recorded window, per candidate
+
+    @model_validator(mode="after")
+    def _steps(self) -> HeadSearchSettings:
+        if self.min_step > self.step:
+            raise ValueError(f"min_step {self.min_step} is above step {self.step}")
+        if not self.heads:
+            raise ValueError("no heads to search")
+        return self
+
+
 class LearnerSettings(_Strict):
     """`dagsched learner`: joining decisions with outcomes and one fine-tuning round per
     `every_n_tasks` completed tasks (actor heads only)."""
@@ -217,6 +237,12 @@ class LearnerSettings(_Strict):
     # task's later attempts'), "task-critic" (the same minus the champion critic's baseline)
     # or "attempt" (one step)
     credit: Literal["task", "task-critic", "attempt"] = "task"
+    # how a round fine-tunes the heads: "ppo" on the window's attempts (the settings above),
+    # or "search": the heads' constant shifts searched by paired replay of the newest windows
+    # the learner recorded (evaluator.replay's windows), each candidate scored by its mean
+    # JCT (docs/concepts/learning.md)
+    method: Literal["ppo", "search"] = "ppo"
+    search: HeadSearchSettings = Field(default_factory=HeadSearchSettings)
 
 
 class ReplaySettings(_Strict):

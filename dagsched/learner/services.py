@@ -37,12 +37,14 @@ import structlog
 from aiokafka import AIOKafkaConsumer
 
 from dagsched.learner.canary import CanaryRule
+from dagsched.learner.head_search import SEARCH_SEED_OFFSET, replay_score, search_shifts
 from dagsched.learner.joining import Joined, OutcomeJoiner
 from dagsched.learner.live_ab import Action, Judge, Lease, WorkflowOutcomes, rule_from
 from dagsched.learner.online import FinetuneConfig, finetune_heads, learning_window
 from dagsched.learner.replay_feed import MessageFeed
 from dagsched.learner.replay_gate import Pair, ReplayGate, replay_verdict
-from dagsched.learner.replay_judge import WindowReport, statistics
+from dagsched.learner.replay_judge import WindowReport, config_from, statistics
+from dagsched.policy.model import ActorCritic
 from dagsched.policy.scheduler import GNNScheduler
 from dagsched.schemas.messages import BadMessage, DecisionBatchMsg, DecisionLogMsg, decode
 from dagsched.settings import Settings
@@ -117,6 +119,14 @@ class LearnerService:
         self.aliases: list[str] = []  # the alias each of them got (challenger or shadow)
         self.waited = 0  # due checks that found a challenger under test and waited
         self._waiting_on: str | None = None
+        # learner.method search: the traffic it consumes, recorded in windows as the
+        # evaluator records them, for its rounds to replay
+        self.gate: ReplayGate[MessageFeed] | None = None
+        self.outcomes: WorkflowOutcomes | None = None
+        self._searched: tuple[str, int] | None = None  # (champion, newest window) searched
+        if self.cfg.method == "search":
+            self.gate = ReplayGate.on_wire(settings, self.registry.load)
+            self.outcomes = WorkflowOutcomes(self.joiner)
 
     async def run(self, stop: asyncio.Event) -> None:
         consumer = _consumer(
@@ -128,8 +138,10 @@ class LearnerService:
             while not stop.is_set():
                 got = await consumer.getmany(timeout_ms=500, max_records=2000)
                 now = time.time()
-                joined = [j for m in _decoded(got) for j in self.joiner.add(m, now)]
+                msgs = _decoded(got)
+                joined = [j for m in msgs for j in self.joiner.add(m, now)]
                 joined += self.joiner.expire(now)
+                self._record(msgs, joined)
                 self.completed += len(joined)
                 self.window.extend(j for j in joined if j.trainable)
                 if (
@@ -143,13 +155,31 @@ class LearnerService:
                         next_check = time.monotonic() + BUSY_RECHECK_S
                         continue  # keep filling the window; try again later
                     version = await asyncio.to_thread(self.round, alias)
+                    self.completed = 0
+                    if version is None:  # a search that moved nothing
+                        continue
                     self.rounds.append(version)
                     self.aliases.append(alias)
-                    self.completed = 0
                     await commit(consumer, "learner")
         finally:
             with contextlib.suppress(Exception):
                 await consumer.stop()
+
+    def _record(self, msgs: list[Any], joined: list[Joined]) -> None:
+        """With `learner.method: search`, feed the recorder as the evaluator feeds its own:
+        the messages, and each finished workflow's outcome."""
+        gate, outcomes = self.gate, self.outcomes
+        if gate is None or outcomes is None:
+            return
+        for m in msgs:
+            if isinstance(m, DecisionBatchMsg):
+                outcomes.note(m)
+            elif not isinstance(m, DecisionLogMsg):
+                gate.feed.add(m)
+        for j in joined:
+            sample = outcomes.add(j)
+            if sample is not None:
+                gate.ended(sample)
 
     def challenger_busy(self) -> bool:
         """A challenger is under A/B test and may not be replaced (`replace_challenger` off):
@@ -213,10 +243,11 @@ class LearnerService:
             and not v.tags.get("reparented_from")
         )
 
-    def round(self, alias: str | None = None) -> str:
-        """Fine-tune the champion's heads on the window; register it under `alias`: the
-        challenger (the default; a shadow it was chained from is then dropped) or, with
-        `keep_learning`, the shadow."""
+    def round(self, alias: str | None = None) -> str | None:
+        """Fine-tune the champion's heads on the window (`learner.method: search`: search
+        their shifts on the recorded windows); register it under `alias`: the challenger (the
+        default; a shadow it was chained from is then dropped) or, with `keep_learning`, the
+        shadow. None when a search found no move worth a version."""
         from dagsched.policy.bundle import save_bundle
         from dagsched.registry.store import CHALLENGER, CHAMPION, SHADOW
 
@@ -228,37 +259,46 @@ class LearnerService:
         parent = reg.alias_version(CHAMPION)
         assert parent is not None
         champ = reg.load(parent)
-        cfg = self.finetune_config()
-        window = learning_window(self.window, self.settings.daemon.explore_share > 0)
-        start = self.resume_point(parent)
-        result = finetune_heads(
-            champ.model, champ.normalizer, window, cfg, start=start.model if start else None
-        )
-        keys = sorted({j.version for j in window})
-        data = (
-            f"online window: {len(window)} transitions from versions {','.join(keys)}; "
-            f"first {window[0].key[0]}#{window[0].key[1]}, last {window[-1].key[0]}"
-        )
+        if self.cfg.method == "search":
+            found = self._search(parent, champ)
+            if found is None:
+                return None
+            model, metrics, data = found
+            start, transitions, tags = None, 0, {"method": "search"}
+        else:
+            cfg = self.finetune_config()
+            window = learning_window(self.window, self.settings.daemon.explore_share > 0)
+            start = self.resume_point(parent)
+            result = finetune_heads(
+                champ.model, champ.normalizer, window, cfg, start=start.model if start else None
+            )
+            model, metrics, transitions = result.model, result.metrics, len(window)
+            keys = sorted({j.version for j in window})
+            data = (
+                f"online window: {len(window)} transitions from versions {','.join(keys)}; "
+                f"first {window[0].key[0]}#{window[0].key[1]}, last {window[-1].key[0]}"
+            )
+            tags = {"method": "ppo", "credit": cfg.credit}
         resumed = start.version.removeprefix("v") if start else ""
         if alias == SHADOW and self._test_ended_meanwhile(parent):
             alias = CHALLENGER
         with (
             tempfile.TemporaryDirectory() as tmp,
-            reg.run("online-finetune", {"parent": parent, "transitions": len(window)}) as run,
+            reg.run("online-finetune", {"parent": parent, "transitions": transitions}) as run,
         ):
-            run.log_metrics(result.metrics, 0)
-            save_bundle(Path(tmp), result.model, champ.normalizer)
+            run.log_metrics(metrics, 0)
+            save_bundle(Path(tmp), model, champ.normalizer)
             version = reg.register_bundle(
                 Path(tmp),
                 run.run_id,
-                metrics=result.metrics,
+                metrics=metrics,
                 parent=parent,
                 data=data,
                 tags={
                     "origin": "online-learner",
                     "resumed_from": resumed,
                     "registered_as": alias,
-                    "credit": cfg.credit,
+                    **tags,
                 },
                 first_is_champion=False,
             )
@@ -272,9 +312,41 @@ class LearnerService:
             alias=alias,
             parent=parent,
             resumed_from=resumed,
-            **result.metrics,
+            **metrics,
         )
         return version
+
+    def _search(
+        self, parent: str, champ: GNNScheduler
+    ) -> tuple[ActorCritic, dict[str, float], str] | None:
+        """The champion's heads' shifts searched on the newest recorded windows (model,
+        metrics, the version's `data` tag); None with nothing recorded yet, with these
+        windows searched already for this champion, or when no move gained."""
+        gate = self.gate
+        assert gate is not None
+        gate.next_window()  # windows closed since the last look join `recent`
+        windows = list(gate.recent)
+        if not windows:
+            log.info("learner.search_waiting", reason="no recorded window closed yet")
+            return None
+        key = (parent, windows[-1].index)
+        if key == self._searched:
+            return None
+        self._searched = key
+        s = self.cfg.search
+        seed = config_from(self.settings.evaluator.replay).seed + SEARCH_SEED_OFFSET
+        score = replay_score(windows, self.settings.sim, champ.normalizer, s.replays, seed)
+        res = search_shifts(champ.model, score, s)
+        indices = [w.index for w in windows]
+        log.info("learner.search", parent=parent, windows=indices, **res.metrics())
+        if not res.moved:
+            return None
+        moved = ", ".join(f"{k} {v:+.2f}" for k, v in res.moved.items())
+        data = (
+            f"replay search over recorded windows {','.join(map(str, indices))}: shifts "
+            f"{moved}; mean JCT {res.start_score:.0f} s -> {res.score:.0f} s"
+        )
+        return res.model, res.metrics(), data
 
     def finetune_config(self) -> FinetuneConfig:
         """A round's PPO settings, from `learner.*`."""

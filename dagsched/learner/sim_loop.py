@@ -43,15 +43,17 @@ from typing import TYPE_CHECKING, Any
 from dagsched.core.workflow import Workflow
 from dagsched.learner.adjustment import Congestion, congestion, covariates
 from dagsched.learner.canary import CanaryRule
+from dagsched.learner.head_search import SEARCH_SEED_OFFSET, replay_score, search_shifts
 from dagsched.learner.joining import Joined
 from dagsched.learner.live_ab import Judge, Sample, rule_from, workflow_speed
 from dagsched.learner.online import FinetuneConfig, finetune_heads, learning_window
 from dagsched.learner.replay_feed import SimFeed
 from dagsched.learner.replay_gate import ReplayGate, replay_verdict
 from dagsched.learner.replay_judge import config_from
+from dagsched.policy.model import ActorCritic
 from dagsched.policy.scheduler import GNNScheduler
 from dagsched.schemas.ab import workflow_bucket
-from dagsched.service_config import EvaluatorSettings
+from dagsched.service_config import EvaluatorSettings, HeadSearchSettings
 from dagsched.sim.config import ScenarioConfig
 from dagsched.sim.reward import TaskOutcome
 from dagsched.sim.runs import Decision, TaskRun
@@ -73,6 +75,11 @@ class LoopConfig:
     window: int = 5000  # replay window (learner.window)
     replace_challenger: bool = False  # learner.replace_challenger
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
+    # how a round fine-tunes the heads: "ppo" on the window's attempts (`finetune`), or
+    # "search" by paired replay of the newest recorded windows (`search`; needs the replay
+    # judge, whose recorder holds them; learner.method in the services)
+    learner: str = "ppo"
+    search: HeadSearchSettings = field(default_factory=HeadSearchSettings)
     evaluator: EvaluatorSettings = field(default_factory=EvaluatorSettings)
     # share of workflows (the buckets after the challenger's) served by the challenger, or
     # the champion while there is none, with sampled actions: the learner's exploration. Not
@@ -150,6 +157,7 @@ class SimLoop:
         self.sim: Simulator | None = None
         self._explorers: dict[str, GNNScheduler] = {}
         self._chain = 0  # rounds since the champion last changed
+        self._searched: tuple[str, int] | None = None  # (champion, newest window) searched
 
     # -- driving ------------------------------------------------------------------------------
 
@@ -383,6 +391,10 @@ class SimLoop:
         chall = self.shadow or self.challenger
         base = chall if chall is not None and self.parent[chall] == self.champion else None
         champion = self.versions[self.champion]
+        if self.cfg.learner == "search":  # no shadow: it searches from the champion
+            if not shadow:
+                self._search_round(now, champion)
+            return
         window = learning_window(self.window, self.cfg.explore_share > 0)
         result = finetune_heads(
             champion.model,
@@ -392,9 +404,45 @@ class SimLoop:
             seed=self.seed + len(self.versions),
             start=self.versions[base].model if base is not None else None,
         )
+        self._new_version(now, result.model, base, shadow, len(window), result.metrics)
+
+    def _search_round(self, now: float, champion: GNNScheduler) -> None:
+        """A round by paired replay: the champion's heads' shifts searched on the newest
+        recorded windows. Nothing to search on yet, or searched on these windows already for
+        this champion: wait for the next window. A search that moves nothing makes no
+        version."""
+        self.completed = 0
+        windows = list(self.gate.recent) if self.gate is not None else []
+        if self.gate is None or not windows:
+            return
+        key = (self.champion, windows[-1].index)
+        if key == self._searched:
+            return
+        self._searched = key
+        cfg = self.cfg.search
+        seed = self.seed + SEARCH_SEED_OFFSET
+        score = replay_score(windows, self.gate.base, champion.normalizer, cfg.replays, seed)
+        res = search_shifts(champion.model, score, cfg)
+        detail = {"windows": [w.index for w in windows], **res.metrics()}
+        if not res.moved:
+            self.events.append(LoopEvent(now, "search", "", self.champion, detail))
+            return
+        self._new_version(now, res.model, None, False, 0, detail)
+
+    def _new_version(
+        self,
+        now: float,
+        model: ActorCritic,
+        base: str | None,
+        shadow: bool,
+        transitions: int,
+        metrics: dict[str, Any],
+    ) -> None:
+        """Register a round's model as the next version: the challenger, or the shadow."""
+        champion = self.versions[self.champion]
         version = f"v{len(self.versions) + 1}"
         self._chain = self._chain + 1 if base is not None else 1
-        self.versions[version] = GNNScheduler(result.model, champion.normalizer, version)
+        self.versions[version] = GNNScheduler(model, champion.normalizer, version)
         self.parent[version] = self.champion
         self.completed = 0
         if shadow:
@@ -402,7 +450,7 @@ class SimLoop:
         else:
             self.challenger, self.shadow = version, None
             self.judge.versions(self.champion, version)
-        detail = {"from": base or self.champion, "transitions": len(window), **result.metrics}
+        detail = {"from": base or self.champion, "transitions": transitions, **metrics}
         if shadow:
             detail["shadow"] = True
         self.events.append(LoopEvent(now, "round", version, self.champion, detail))

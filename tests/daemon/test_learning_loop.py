@@ -6,11 +6,15 @@ import asyncio
 import json
 import time
 from pathlib import Path
+from typing import Any
 
+import pytest
 import redis.asyncio as aioredis
 
 from dagsched.daemon.broker import ensure_topics
 from dagsched.learner.curriculum import Curriculum
+from dagsched.learner.replay_feed import record_run
+from dagsched.learner.replay_judge import TrafficRecorder
 from dagsched.learner.services import LearnerService
 from dagsched.learner.train import demonstrations
 from dagsched.registry.promotion import Promoter
@@ -18,6 +22,8 @@ from dagsched.registry.serving import model_channel
 from dagsched.registry.store import CHALLENGER, CHAMPION, PREVIOUS, Registry
 from dagsched.settings import Settings
 from dagsched.sim.config import ScenarioConfig
+from dagsched.sim.engine import Simulator
+from dagsched.sim.runner import make_policy, stream_workflows
 from tests.conftest import clone_mlflow_home
 from tests.daemon.conftest import Client, make_settings, wait_for
 from tests.daemon.learner_feed import publish_decided
@@ -129,3 +135,50 @@ async def test_daemons_follow_a_promotion_and_a_rollback(
     await client.ready("wf-a", 1)
     d2 = (await client.wait("decisions", 2))[1]
     assert d2.model_version == f"v{v1}"
+
+
+def test_a_search_learner_registers_the_shifts_its_recorded_windows_favour(
+    redis_url, tmp_path: Path, champion_template: Path
+):
+    """`learner.method: search`: a round searches the champion's heads' shifts on the
+    windows the learner recorded and registers the move that shortened their replays."""
+    s: Settings = make_settings(
+        "localhost:1", redis_url, tmp_path,
+        **{
+            "learner.method": "search",
+            "learner.search.heads": ["mem"],
+            "learner.search.step": 1.5, "learner.search.min_step": 1.5,
+            "learner.search.max_evals": 3,
+            "evaluator.replay.window_workflows": 20, "evaluator.replay.warmup_workflows": 10,
+        },
+    )  # fmt: skip
+    clone_mlflow_home(champion_template, s.home)
+    reg = Registry(s)
+    champion = reg.ensure_champion()
+    learner = LearnerService(s)
+    assert learner.gate is not None
+    assert learner.round() is None  # nothing recorded yet: no round
+    learner.gate.recent.extend(_recorded_windows(s, 40))
+    version = learner.round()
+    assert version is not None and reg.alias_version(CHALLENGER) == version
+    tags = reg.client.get_model_version(reg.name, version).tags
+    assert tags["method"] == "search" and tags["parent"] == champion
+    assert tags["data"].startswith("replay search over recorded windows 0,1: shifts mem ")
+    start, score = float(tags["metric.search/start_score"]), float(tags["metric.search/score"])
+    assert score < start
+    moved = float(tags["metric.search/shift_mem"])
+    tuned, base = reg.load(version).model, reg.load(champion).model
+    bias = tuned.cont_head[-1].bias.detach() - base.cont_head[-1].bias.detach()
+    assert abs(moved) == 1.5 and float(bias[2]) == pytest.approx(moved)
+    assert learner.round() is None  # the same windows, the same champion: searched already
+
+
+def _recorded_windows(s: Settings, n: int) -> list[Any]:
+    """The windows a run of `n` workflows of `s.sim` under heft_history closes."""
+    rec = TrafficRecorder(
+        s.evaluator.replay.window_workflows, s.evaluator.replay.warmup_workflows
+    )
+    return record_run(
+        lambda wfs, hook: Simulator(s.sim, wfs, seed=4, on_outcome=hook),
+        make_policy("heft_history", 4), rec, stream_workflows(s.sim, 4, n),
+    )  # fmt: skip

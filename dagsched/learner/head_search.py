@@ -1,0 +1,142 @@
+"""Fine-tuning the actor heads by paired replay: a pattern search over their shifts.
+
+The residual policy's continuous head moves each value heft_history chooses (CPU, memory,
+retries, priority) by a learned shift in logit space. Its output bias holds one constant
+shift per value: the whole policy's margin on that value, in every state. A shift the world
+calls for (in a world where an OOM kill costs an hour's restart, reserving more memory than
+the recommender's margin) is one such number, and a served policy acts on the Betas' means,
+which PPO moves only as far as the exploration around them reaches: at the served
+concentration a memory draw strays ~2% from its mean, and a round of PPO on the logs moved
+the memory shift by 0.001 where 0.8 was worth a fifth of the mean JCT
+(docs/concepts/learning.md).
+
+`search_shifts` searches those biases directly: from the current model, it tries each
+value's shift up and down by a step, keeps a move that lowers `score` by at least
+`min_gain`, and halves the step once no move does. `score` is the mean JCT of the candidate
+over recorded windows replayed with common random numbers (`replay_score`): the same
+calibrated replays the judge promotes on, built only from what serving knew. Everything but
+the output bias of the continuous head is left bitwise as it was.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from dagsched.core.bounds import ACTION_NAMES
+from dagsched.learner.replay_judge import ObservedWindow, replay_seed
+from dagsched.policy.model import ActorCritic
+from dagsched.policy.normalizer import FeatureNormalizer
+from dagsched.policy.scheduler import GNNScheduler
+from dagsched.service_config import HeadSearchSettings
+from dagsched.sim.config import ScenarioConfig
+from dagsched.sim.replay_world import play
+from dagsched.sim.snapshot import SchedulerPolicy
+
+Score = Callable[[ActorCritic], float]  # lower is better
+# added to the judge's replay seed for the search's replays: other draws than the verdict's
+SEARCH_SEED_OFFSET = 7919
+
+
+@dataclass
+class SearchResult:
+    """The searched model, the shifts it moved (name -> logit added to the bias), the score
+    before and after, and every candidate tried."""
+
+    model: ActorCritic
+    moved: dict[str, float]
+    start_score: float
+    score: float
+    evals: int
+    trace: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def gain(self) -> float:
+        """The share of the start's score the search took off (0 when nothing moved)."""
+        return 1.0 - self.score / self.start_score if self.start_score > 0 else 0.0
+
+    def metrics(self) -> dict[str, float]:
+        """What a round logs (`search/...`)."""
+        out = {f"search/shift_{k}": v for k, v in self.moved.items()}
+        out.update({
+            "search/start_score": self.start_score, "search/score": self.score,
+            "search/gain": self.gain, "search/evals": float(self.evals),
+        })  # fmt: skip
+        return out
+
+
+def _bias(model: ActorCritic) -> torch.Tensor:
+    layer = model.cont_head[-1]
+    assert isinstance(layer, torch.nn.Linear)
+    return layer.bias
+
+
+def with_shifts(model: ActorCritic, moved: dict[str, float]) -> ActorCritic:
+    """A copy of `model` whose continuous head adds `moved[name]` to the shift of each named
+    value, in every state (its output bias: index 2k is value k's shift)."""
+    out = copy.deepcopy(model)
+    with torch.no_grad():
+        bias = _bias(out)
+        for name, d in moved.items():
+            bias[2 * ACTION_NAMES.index(name)] += d
+    return out
+
+
+def search_shifts(
+    model: ActorCritic, score: Score, cfg: HeadSearchSettings | None = None
+) -> SearchResult:
+    """Pattern search over the heads' constant shifts from `model` (see the module), as
+    `cfg` (`learner.search`) says."""
+    cfg = cfg or HeadSearchSettings()
+    moved: dict[str, float] = dict.fromkeys(cfg.heads, 0.0)
+    best = start = score(model)
+    trace: list[dict[str, Any]] = [{"moved": dict(moved), "score": start, "kept": True}]
+    step = cfg.step
+    while step >= cfg.min_step - 1e-12 and len(trace) < cfg.max_evals:
+        gained = False
+        for name in cfg.heads:
+            for sign in (1.0, -1.0):
+                if len(trace) >= cfg.max_evals:
+                    break
+                cand = {**moved, name: moved[name] + sign * step}
+                s = score(with_shifts(model, cand))
+                kept = s < best * (1 - cfg.min_gain)
+                trace.append({"moved": cand, "score": s, "kept": kept})
+                if kept:
+                    best, moved, gained = s, cand, True
+                    break  # the other way cannot gain too; on to the next value
+        if not gained:
+            step /= 2
+    moved = {k: v for k, v in moved.items() if v != 0.0}
+    return SearchResult(with_shifts(model, moved), moved, start, best, len(trace), trace)
+
+
+def replay_score(
+    windows: Sequence[ObservedWindow],
+    base: ScenarioConfig,
+    normalizer: FeatureNormalizer,
+    replays: int,
+    seed: int,
+) -> Score:
+    """Mean JCT of a model served (deterministically) over `replays` replays of each of
+    `windows`, the same draws for every model scored (common random numbers). `seed` should
+    differ from the judge's, so that the judge's draws are not the ones searched on."""
+    worlds = [(w.index, w.world(base)) for w in windows]
+    if not worlds:
+        raise ValueError("no recorded window to search on")
+
+    def score(model: ActorCritic) -> float:
+        sched = GNNScheduler(model, normalizer, "search")
+        jct = [
+            play(world, SchedulerPolicy(sched, "search"), s).mean_jct_s
+            for index, world in worlds
+            for s in (replay_seed(seed, index, k) for k in range(replays))
+        ]
+        return float(np.mean(jct))
+
+    return score

@@ -1,0 +1,107 @@
+"""The heads' shift search: it moves only the continuous head's output bias, keeps only the
+moves that lower the score, and in the loop searches on the recorded windows."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from dagsched.core.bounds import ACTION_NAMES
+from dagsched.learner.head_search import search_shifts, with_shifts
+from dagsched.learner.sim_loop import LoopConfig, SimLoop
+from dagsched.policy.bundle import load_bundle
+from dagsched.policy.model import ActorCritic
+from dagsched.policy.scheduler import GNNScheduler
+from dagsched.service_config import EvaluatorSettings, HeadSearchSettings
+from dagsched.sim.runner import generate_workflows
+from tests.sim.conftest import small_scenario
+
+CHAMPION = Path(__file__).resolve().parents[2] / "models" / "champion"
+
+
+@pytest.fixture(scope="module")
+def champion() -> Iterator[GNNScheduler]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield load_bundle(CHAMPION, "v1")
+    torch.set_num_threads(threads)
+
+
+def _shift(model: ActorCritic, name: str) -> float:
+    return float(model.cont_head[-1].bias.detach()[2 * ACTION_NAMES.index(name)])
+
+
+def test_with_shifts_moves_only_the_named_values_bias(champion: GNNScheduler) -> None:
+    moved = with_shifts(champion.model, {"mem": 0.5})
+    before, after = champion.model.state_dict(), moved.state_dict()
+    changed = [k for k in before if not torch.equal(before[k], after[k])]
+    assert changed == ["cont_head.2.bias"]
+    diff = after["cont_head.2.bias"] - before["cont_head.2.bias"]
+    assert diff[2 * ACTION_NAMES.index("mem")] == pytest.approx(0.5)
+    assert int((diff != 0).sum()) == 1
+
+
+def test_the_search_walks_to_a_better_shift_and_keeps_only_gains(
+    champion: GNNScheduler,
+) -> None:
+    start = {k: _shift(champion.model, k) for k in ("cpu", "mem")}
+
+    def score(model: ActorCritic) -> float:  # best at mem +0.6, cpu -0.2 from the start
+        mem = _shift(model, "mem") - start["mem"]
+        cpu = _shift(model, "cpu") - start["cpu"]
+        return 1.0 + (mem - 0.6) ** 2 + (cpu + 0.2) ** 2
+
+    cfg = HeadSearchSettings(step=0.4, min_step=0.1, max_evals=40, min_gain=0.0)
+    res = search_shifts(champion.model, score, cfg)
+    assert res.moved["mem"] == pytest.approx(0.6) and res.moved["cpu"] == pytest.approx(-0.2)
+    assert res.score == pytest.approx(1.0) and res.start_score == pytest.approx(1.4)
+    kept = [t["score"] for t in res.trace if t["kept"]]
+    assert kept == sorted(kept, reverse=True) and len(kept) < res.evals
+    assert _shift(res.model, "mem") - start["mem"] == pytest.approx(0.6)
+
+
+def test_a_search_that_finds_nothing_moves_nothing(champion: GNNScheduler) -> None:
+    res = search_shifts(champion.model, lambda m: 1.0, HeadSearchSettings(max_evals=5))
+    assert res.moved == {} and res.evals == 5 and res.gain == 0.0
+    assert all(torch.equal(a, b) for a, b in zip(
+        res.model.state_dict().values(), champion.model.state_dict().values(), strict=True
+    ))  # fmt: skip
+
+
+def test_the_loops_search_round_scores_on_the_recorded_windows_and_makes_a_challenger(
+    champion: GNNScheduler,
+) -> None:
+    """With the replay judge, a due round searches the champion's shifts on the newest closed
+    windows; what it keeps is the challenger, differing from the champion by that move only."""
+    sc = replace(small_scenario(workflows=60), drift=None)
+    replay = EvaluatorSettings().replay.model_copy(update={
+        "window_workflows": 15, "warmup_workflows": 10, "replays": 2, "min_replays": 4,
+        "fidelity_max_jct_err": 10.0,
+    })  # fmt: skip
+    ev = EvaluatorSettings(judge="replay", replay=replay)
+    search = HeadSearchSettings(heads=("mem",), step=1.5, min_step=1.5, max_evals=3)
+    cfg = LoopConfig(every_n=40, evaluator=ev, learner="search", search=search)
+    loop = SimLoop(champion, cfg, seed=5)
+    loop.run(loop.simulator(sc, generate_workflows(sc, 5), 5))
+    rounds = [e for e in loop.events if e.kind == "round"]
+    assert rounds, "no search round made a version"
+    first = rounds[0]
+    assert first.detail["windows"] == [0]  # the first closed window, as soon as it closed
+    assert first.detail["search/score"] < first.detail["search/start_score"]
+    moved = first.detail["search/shift_mem"]
+    assert abs(moved) == pytest.approx(1.5)
+    tuned = loop.versions[first.version].model
+    assert _shift(tuned, "mem") == pytest.approx(_shift(champion.model, "mem") + moved)
+    assert all(  # everything else as it was
+        torch.equal(a, b)
+        for k, (a, b) in enumerate(zip(
+            tuned.state_dict().values(), champion.model.state_dict().values(), strict=True
+        ))
+        if list(tuned.state_dict())[k] != "cont_head.2.bias"
+    )  # fmt: skip
+    searched = {tuple(e.detail["windows"]) for e in loop.events if e.kind in ("round", "search")}
+    assert len(searched) == len([e for e in loop.events if e.kind in ("round", "search")])
