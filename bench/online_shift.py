@@ -411,6 +411,7 @@ def main() -> None:
             "shift": asdict(s.sim.shift),
             "shift_at_s": shift_at,
             "finetune": asdict(ft),
+            "search": cfg.search.model_dump(),
             "evaluator": ev.model_dump(),
             "nodes": s.sim.cluster.n_nodes,
             "load": s.sim.workload.load,

@@ -188,6 +188,7 @@ async def run_demo(
         settings={
             "challenger_share": s.daemon.challenger_share,
             "every_n_tasks": s.learner.every_n_tasks,
+            "learner": s.learner.method,
             "min_samples": s.evaluator.min_samples,
             "judge": s.evaluator.judge,
             "rule": evaluator.judge.rule.describe(),

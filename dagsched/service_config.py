@@ -197,6 +197,8 @@ class HeadSearchSettings(_Strict):
     min_step: float = Field(default=0.1, gt=0, le=5)  # it ends when no move this size gains
     max_evals: int = Field(default=16, ge=1, le=1000)  # candidates scored, the start included
     min_gain: float = Field(default=0.01, ge=0, lt=1)  # a kept move lowers mean JCT this share
+    # and keeps the replayed SLA within this of the start's
+    max_sla_loss: float = Field(default=0.01, ge=0, le=1)
     replays: int = Field(default=1, ge=1, le=100)  # per recorded window, per candidate
 
     @model_validator(mode="after")

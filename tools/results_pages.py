@@ -231,6 +231,10 @@ def evaluation_page() -> list[str]:
 
 
 ONLINE_SHIFT = {
+    "online_shift_search/online_shift.json": "python bench/online_shift.py --seeds 1 "
+    "--learner search --out bench/results/online_shift_search",
+    "online_shift_search_quick/online_shift.json": "python bench/online_shift.py --quick "
+    "--learner search --out bench/results/online_shift_search_quick",
     "online_shift.json": "python bench/online_shift.py --seeds 1",
     "online_shift_quick.json": "python bench/online_shift.py --quick",
     "online_shift_keep_learning.json": "python bench/online_shift.py --keep-learning",
@@ -240,9 +244,11 @@ ONLINE_SHIFT = {
 }
 
 
+LEARNERS = {"ppo": "PPO on the logs", "search": "a search of the heads' shifts by paired replay"}
+
+
 REPLAY_INTERFERENCE = {
-    "replay_interference.json": "python bench/replay_interference.py --seeds 1 --replays 16 "
-    "--warmup 100",
+    "replay_interference.json": "python bench/replay_interference.py",
     "replay_interference_quick.json": "python bench/replay_interference.py --quick",
     "replay_interference_baseline_quick.json": "python bench/replay_interference.py --quick "
     "--baseline",
@@ -267,7 +273,8 @@ def learning_page() -> list[str]:
         cfg = src.data["config"]
         what = (f"{cfg['seeds']} seeds {X} {cfg['workflows']:,} workflows of the `shift` profile "
                 f"(load {cfg['load']}), the shift on at {cfg['shift_at']:.0%} of the arrivals; "
-                f"challenger share {cfg['share']}, exploration {cfg.get('explore_share', 0)}. "
+                f"challenger share {cfg['share']}, exploration {cfg.get('explore_share', 0)}; "
+                f"rounds by {LEARNERS[cfg.get('learner', 'ppo')]}. "
                 f"Promotions: {s['promotions']}, rollbacks: {s['rollbacks']}, rounds: "
                 f"{s['rounds']}; A/A false promotions of the per-workflow A/B "
                 f"{s['aa_false_promotion_rate']:.1%}.")

@@ -83,9 +83,14 @@ def tell(doc: dict[str, Any], context: list[dict[str, Any]]) -> None:
             _short(v["kl_to_champion"]),
         )
     console.print(versions)
+    how = (
+        " by searching their shifts on the windows it recorded"
+        if doc["settings"].get("learner") == "search"
+        else " by PPO on the logs"
+    )
     console.print(
-        f"The learner fine-tuned the actor heads every {doc['settings']['every_n_tasks']}"
-        f" completed tasks: {len(doc['rounds'])} round(s)."
+        f"The learner fine-tuned the actor heads{how}, a round due every"
+        f" {doc['settings']['every_n_tasks']} completed tasks: {len(doc['rounds'])} version(s)."
     )
     if doc["settings"].get("judge") == "replay":
         console.print(

@@ -11,11 +11,13 @@ the memory shift by 0.001 where 0.8 was worth a fifth of the mean JCT
 (docs/concepts/learning.md).
 
 `search_shifts` searches those biases directly: from the current model, it tries each
-value's shift up and down by a step, keeps a move that lowers `score` by at least
-`min_gain`, and halves the step once no move does. `score` is the mean JCT of the candidate
-over recorded windows replayed with common random numbers (`replay_score`): the same
-calibrated replays the judge promotes on, built only from what serving knew. Everything but
-the output bias of the continuous head is left bitwise as it was.
+value's shift up and down by a step, keeps a move that lowers the mean JCT by at least
+`min_gain` without losing more than `max_sla_loss` of SLA against the start, and halves the
+step once no move does. A candidate is scored over recorded windows replayed with common
+random numbers (`replay_score`): the same calibrated replays the judge promotes on, built
+only from what serving knew, and its JCT counted as the judge counts it (a workflow that ran
+out of retries at least two deadlines, so that failing early never looks fast). Everything
+but the output bias of the continuous head is left bitwise as it was.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -38,33 +40,43 @@ from dagsched.sim.config import ScenarioConfig
 from dagsched.sim.replay_world import play
 from dagsched.sim.snapshot import SchedulerPolicy
 
-Score = Callable[[ActorCritic], float]  # lower is better
+
+class Scored(NamedTuple):
+    """What a candidate did over the search's replays: mean JCT as versions are judged (a
+    failed workflow at least two deadlines, `ReplayResult.judged_jct_s`), and SLA."""
+
+    jct_s: float
+    sla: float
+
+
+Score = Callable[[ActorCritic], Scored]
 # added to the judge's replay seed for the search's replays: other draws than the verdict's
 SEARCH_SEED_OFFSET = 7919
 
 
 @dataclass
 class SearchResult:
-    """The searched model, the shifts it moved (name -> logit added to the bias), the score
-    before and after, and every candidate tried."""
+    """The searched model, the shifts it moved (name -> logit added to the bias), how the
+    start and the result scored, and every candidate tried."""
 
     model: ActorCritic
     moved: dict[str, float]
-    start_score: float
-    score: float
+    start: Scored
+    best: Scored
     evals: int
     trace: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def gain(self) -> float:
-        """The share of the start's score the search took off (0 when nothing moved)."""
-        return 1.0 - self.score / self.start_score if self.start_score > 0 else 0.0
+        """The share of the start's mean JCT the search took off (0 when nothing moved)."""
+        return 1.0 - self.best.jct_s / self.start.jct_s if self.start.jct_s > 0 else 0.0
 
     def metrics(self) -> dict[str, float]:
         """What a round logs (`search/...`)."""
         out = {f"search/shift_{k}": v for k, v in self.moved.items()}
         out.update({
-            "search/start_score": self.start_score, "search/score": self.score,
+            "search/start_jct_s": self.start.jct_s, "search/jct_s": self.best.jct_s,
+            "search/start_sla": self.start.sla, "search/sla": self.best.sla,
             "search/gain": self.gain, "search/evals": float(self.evals),
         })  # fmt: skip
         return out
@@ -95,7 +107,8 @@ def search_shifts(
     cfg = cfg or HeadSearchSettings()
     moved: dict[str, float] = dict.fromkeys(cfg.heads, 0.0)
     best = start = score(model)
-    trace: list[dict[str, Any]] = [{"moved": dict(moved), "score": start, "kept": True}]
+    floor = start.sla - cfg.max_sla_loss
+    trace: list[dict[str, Any]] = [{"moved": dict(moved), **start._asdict(), "kept": True}]
     step = cfg.step
     while step >= cfg.min_step - 1e-12 and len(trace) < cfg.max_evals:
         gained = False
@@ -105,8 +118,8 @@ def search_shifts(
                     break
                 cand = {**moved, name: moved[name] + sign * step}
                 s = score(with_shifts(model, cand))
-                kept = s < best * (1 - cfg.min_gain)
-                trace.append({"moved": cand, "score": s, "kept": kept})
+                kept = s.jct_s < best.jct_s * (1 - cfg.min_gain) and s.sla >= floor - 1e-12
+                trace.append({"moved": cand, **s._asdict(), "kept": kept})
                 if kept:
                     best, moved, gained = s, cand, True
                     break  # the other way cannot gain too; on to the next value
@@ -123,20 +136,22 @@ def replay_score(
     replays: int,
     seed: int,
 ) -> Score:
-    """Mean JCT of a model served (deterministically) over `replays` replays of each of
-    `windows`, the same draws for every model scored (common random numbers). `seed` should
-    differ from the judge's, so that the judge's draws are not the ones searched on."""
+    """How a model served (deterministically) does over `replays` replays of each of
+    `windows`: mean judged JCT and SLA, the same draws for every model scored (common random
+    numbers). `seed` should differ from the judge's, so that the judge's draws are not the
+    ones searched on."""
     worlds = [(w.index, w.world(base)) for w in windows]
     if not worlds:
         raise ValueError("no recorded window to search on")
 
-    def score(model: ActorCritic) -> float:
+    def score(model: ActorCritic) -> Scored:
         sched = GNNScheduler(model, normalizer, "search")
-        jct = [
-            play(world, SchedulerPolicy(sched, "search"), s).mean_jct_s
+        runs = [
+            play(world, SchedulerPolicy(sched, "search"), s)
             for index, world in worlds
             for s in (replay_seed(seed, index, k) for k in range(replays))
         ]
-        return float(np.mean(jct))
+        jct = float(np.mean([r.judged_jct_s for r in runs]))
+        return Scored(jct, float(np.mean([r.sla for r in runs])))
 
     return score

@@ -344,7 +344,8 @@ class LearnerService:
         moved = ", ".join(f"{k} {v:+.2f}" for k, v in res.moved.items())
         data = (
             f"replay search over recorded windows {','.join(map(str, indices))}: shifts "
-            f"{moved}; mean JCT {res.start_score:.0f} s -> {res.score:.0f} s"
+            f"{moved}; mean JCT {res.start.jct_s:.0f} s -> {res.best.jct_s:.0f} s, SLA "
+            f"{res.start.sla:.3f} -> {res.best.sla:.3f}"
         )
         return res.model, res.metrics(), data
 

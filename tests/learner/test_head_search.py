@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from dagsched.core.bounds import ACTION_NAMES
-from dagsched.learner.head_search import search_shifts, with_shifts
+from dagsched.learner.head_search import Scored, search_shifts, with_shifts
 from dagsched.learner.sim_loop import LoopConfig, SimLoop
 from dagsched.policy.bundle import load_bundle
 from dagsched.policy.model import ActorCritic
@@ -50,33 +50,36 @@ def test_the_search_walks_to_a_better_shift_and_keeps_only_gains(
 ) -> None:
     start = {k: _shift(champion.model, k) for k in ("cpu", "mem")}
 
-    def score(model: ActorCritic) -> float:  # best at mem +0.6, cpu -0.2 from the start
+    def score(model: ActorCritic) -> Scored:  # best at mem +0.6, cpu -0.2 from the start
         mem = _shift(model, "mem") - start["mem"]
         cpu = _shift(model, "cpu") - start["cpu"]
-        return 1.0 + (mem - 0.6) ** 2 + (cpu + 0.2) ** 2
+        return Scored(1.0 + (mem - 0.6) ** 2 + (cpu + 0.2) ** 2, 1.0)
 
     cfg = HeadSearchSettings(step=0.4, min_step=0.1, max_evals=40, min_gain=0.0)
     res = search_shifts(champion.model, score, cfg)
     assert res.moved["mem"] == pytest.approx(0.6) and res.moved["cpu"] == pytest.approx(-0.2)
-    assert res.score == pytest.approx(1.0) and res.start_score == pytest.approx(1.4)
-    kept = [t["score"] for t in res.trace if t["kept"]]
+    assert res.best.jct_s == pytest.approx(1.0) and res.start.jct_s == pytest.approx(1.4)
+    kept = [t["jct_s"] for t in res.trace if t["kept"]]
     assert kept == sorted(kept, reverse=True) and len(kept) < res.evals
     assert _shift(res.model, "mem") - start["mem"] == pytest.approx(0.6)
 
 
 def test_a_search_that_finds_nothing_moves_nothing(champion: GNNScheduler) -> None:
-    res = search_shifts(champion.model, lambda m: 1.0, HeadSearchSettings(max_evals=5))
+    res = search_shifts(champion.model, lambda m: Scored(1.0, 1.0), HeadSearchSettings(max_evals=5))
     assert res.moved == {} and res.evals == 5 and res.gain == 0.0
     assert all(torch.equal(a, b) for a, b in zip(
         res.model.state_dict().values(), champion.model.state_dict().values(), strict=True
     ))  # fmt: skip
 
 
-def test_the_loops_search_round_scores_on_the_recorded_windows_and_makes_a_challenger(
+def test_the_loops_search_round_restores_a_starved_memory_margin_from_the_recorded_windows(
     champion: GNNScheduler,
 ) -> None:
     """With the replay judge, a due round searches the champion's shifts on the newest closed
-    windows; what it keeps is the challenger, differing from the champion by that move only."""
+    windows. A champion whose memory means sit far below heft_history's loses most deadlines
+    to OOM kills; the challenger the search keeps raises its memory shift back, and differs
+    from it by that move only."""
+    starved = GNNScheduler(with_shifts(champion.model, {"mem": -3.0}), champion.normalizer, "v1")
     sc = replace(small_scenario(workflows=60), drift=None)
     replay = EvaluatorSettings().replay.model_copy(update={
         "window_workflows": 15, "warmup_workflows": 10, "replays": 2, "min_replays": 4,
@@ -85,23 +88,39 @@ def test_the_loops_search_round_scores_on_the_recorded_windows_and_makes_a_chall
     ev = EvaluatorSettings(judge="replay", replay=replay)
     search = HeadSearchSettings(heads=("mem",), step=1.5, min_step=1.5, max_evals=3)
     cfg = LoopConfig(every_n=40, evaluator=ev, learner="search", search=search)
-    loop = SimLoop(champion, cfg, seed=5)
+    loop = SimLoop(starved, cfg, seed=5)
     loop.run(loop.simulator(sc, generate_workflows(sc, 5), 5))
     rounds = [e for e in loop.events if e.kind == "round"]
     assert rounds, "no search round made a version"
     first = rounds[0]
     assert first.detail["windows"] == [0]  # the first closed window, as soon as it closed
-    assert first.detail["search/score"] < first.detail["search/start_score"]
+    assert first.detail["search/jct_s"] < first.detail["search/start_jct_s"]
+    assert first.detail["search/sla"] > first.detail["search/start_sla"]
     moved = first.detail["search/shift_mem"]
-    assert abs(moved) == pytest.approx(1.5)
-    tuned = loop.versions[first.version].model
-    assert _shift(tuned, "mem") == pytest.approx(_shift(champion.model, "mem") + moved)
+    assert moved > 0
+    tuned, base = loop.versions[first.version].model, starved.model
+    assert _shift(tuned, "mem") == pytest.approx(_shift(base, "mem") + moved)
     assert all(  # everything else as it was
         torch.equal(a, b)
         for k, (a, b) in enumerate(zip(
-            tuned.state_dict().values(), champion.model.state_dict().values(), strict=True
+            tuned.state_dict().values(), base.state_dict().values(), strict=True
         ))
         if list(tuned.state_dict())[k] != "cont_head.2.bias"
     )  # fmt: skip
     searched = {tuple(e.detail["windows"]) for e in loop.events if e.kind in ("round", "search")}
     assert len(searched) == len([e for e in loop.events if e.kind in ("round", "search")])
+
+
+def test_a_faster_move_that_loses_sla_is_not_kept(champion: GNNScheduler) -> None:
+    """Failing workflows early can shorten a mean JCT: the search keeps no move that costs
+    more SLA than `max_sla_loss`."""
+    start = _shift(champion.model, "mem")
+
+    def score(model: ActorCritic) -> Scored:  # lower memory: faster, and deadlines lost
+        lower = start - _shift(model, "mem")
+        return Scored(1.0 - 0.1 * lower, 0.9 - 0.05 * max(lower, 0.0))
+
+    cfg = HeadSearchSettings(heads=("mem",), step=0.4, min_step=0.4, max_sla_loss=0.01)
+    assert search_shifts(champion.model, score, cfg).moved == {}
+    loose = cfg.model_copy(update={"max_sla_loss": 0.05})
+    assert search_shifts(champion.model, score, loose).moved == {"mem": pytest.approx(-0.8)}
