@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import zlib
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -38,6 +39,10 @@ from dagsched.sim.config import ScenarioConfig
 from dagsched.sim.replay_world import NodeSpec, PolicyFactory, ReplayResult, ReplayWorld, play
 
 UNRELIABLE = "unreliable"
+# what the restart after an OOM kill costs is estimated from this many latest retries (a
+# shifted world's hour-long restart shows within them), against this many other attempts
+RECENT_OOM_RETRIES = 20
+RECENT_ATTEMPTS = 2000
 
 
 @dataclass(frozen=True)
@@ -129,7 +134,13 @@ class TrafficRecorder:
         self.node_downs = 0
         self.first_s: float | None = None
         self.last_s = 0.0
-        self._overhead = {False: [0.0, 0], True: [0.0, 0]}  # after an OOM kill or not
+        # time on the node beyond compute and transfer of the latest finished attempts, after
+        # an OOM kill of their task or not: recent ones only, so that a change in what a
+        # restart costs shows within a few retries instead of being averaged with the past
+        self._overhead: dict[bool, deque[float]] = {
+            False: deque(maxlen=RECENT_ATTEMPTS),
+            True: deque(maxlen=RECENT_OOM_RETRIES),
+        }
         # the history each window's replay starts from: taken (`snapshot`) when the first
         # workflow it replays arrives, as the policies then saw it
         self.pending_snapshots: list[int] = []
@@ -184,9 +195,7 @@ class TrafficRecorder:
         self.attempts += 1
         self.transient += failed and reason == "transient"
         if overhead_s is not None and not failed:
-            acc = self._overhead[after_oom]
-            acc[0] += max(0.0, overhead_s)
-            acc[1] += 1
+            self._overhead[after_oom].append(max(0.0, overhead_s))
 
     def ended(self, workflow_id: str, jct_s: float, met: bool, served: bool = True) -> None:
         """A workflow finished (or failed) after `jct_s` seconds; `served`: by the serving
@@ -218,11 +227,12 @@ class TrafficRecorder:
 
     @property
     def oom_restart_s(self) -> float:
-        """Mean extra time on the node of attempts that follow an OOM kill."""
-        (s0, n0), (s1, n1) = self._overhead[False], self._overhead[True]
-        if not n1:
+        """Mean extra time on the node of the latest `RECENT_OOM_RETRIES` attempts that
+        followed an OOM kill, beyond the latest other attempts'."""
+        after, other = self._overhead[True], self._overhead[False]
+        if not after:
             return 0.0
-        return max(0.0, s1 / n1 - (s0 / n0 if n0 else 0.0))
+        return max(0.0, float(np.mean(after)) - (float(np.mean(other)) if other else 0.0))
 
     # -- windows ------------------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ from dagsched.core.history import FamilyStats, History, Measured
 from dagsched.core.workflow import TaskSpec, Workflow
 from dagsched.learner.replay_feed import record_run
 from dagsched.learner.replay_judge import (
+    RECENT_OOM_RETRIES,
     UNRELIABLE,
     ReplayJudge,
     ReplayJudgeConfig,
@@ -82,6 +83,22 @@ def test_recorder_cuts_non_overlapping_windows_with_warmup() -> None:
         and late.jct_s == {}
         and [x.id for x in late.warmup] == ["w2", "w3", "w4", "w5"]
     )
+
+
+def test_the_restart_cost_after_an_oom_kill_follows_a_change_within_a_few_retries() -> None:
+    """The shifted world's hour-long restart starts mid-run: the estimate the replays use
+    reflects the latest retries, not the run's average."""
+    r = TrafficRecorder(window_workflows=10, warmup_workflows=0)
+    for k in range(200):
+        r.attempt_ended(float(k), False, overhead_s=1.0)
+    for k in range(40):
+        r.attempt_ended(200.0 + k, False, overhead_s=1.0, after_oom=True)
+    assert r.oom_restart_s == 0.0  # before: a retry costs what any attempt does
+    for k in range(RECENT_OOM_RETRIES):
+        r.attempt_ended(300.0 + k, False, overhead_s=3601.0, after_oom=True)
+    assert r.oom_restart_s == 3600.0  # the run's average would say a third of it
+    r.attempt_ended(400.0, True, "oom", overhead_s=0.0, after_oom=True)  # a failed retry
+    assert r.oom_restart_s == 3600.0
 
 
 def test_learned_truth_draws_from_history_with_common_random_numbers() -> None:
