@@ -32,12 +32,14 @@ mean reward, speed) of the frozen champion in the faithful, unshifted world, dra
         [--replace-challenger] [--no-keep-learning] [--load L] [--judge replay|ab]
         [--learner ppo|search] [--out DIR]
 
-The defaults are the fine-tuning settings that closed the gap offline (`experiments/shift_gap.py`)
-with an exploration slice to learn from, rounds every ~90 workflows that go on improving a
-shadow while a challenger is under test (`--keep-learning`), and a challenger budget so a
-futile test ends (docs/concepts/world.md). `held_out.latest` is each seed's last
-learner version on the held-out seeds, promoted or not: whether the learner found anything,
-apart from the judge.
+The PPO defaults are an exploration slice to learn from, rounds every ~90 workflows that go
+on improving a shadow while a challenger is under test (`--keep-learning`), and a
+challenger budget so a futile test ends (docs/concepts/world.md). `--learner search` makes
+each round a search of the heads' shifts by paired replay of the judge's newest recorded
+windows (`learner.head_search`): no exploration slice, no shadow.
+
+`held_out.latest` is each seed's last learner version on the held-out seeds, promoted or
+not: whether the learner found anything, apart from the judge.
 
 Writes online_shift.json and online_shift.png under --out (default bench/results).
 """
