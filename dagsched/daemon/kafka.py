@@ -111,7 +111,9 @@ async def _send(producer: AIOKafkaProducer, outputs: Sequence[Output]) -> list[A
     in deciding them with the heuristic."""
     groups: dict[tuple[str, int], list[tuple[bytes | None, bytes]]] = {}
     futures = []
-    partitions = _PARTITIONS.setdefault(producer, _Partitions())
+    partitions = _PARTITIONS.get(producer)
+    if partitions is None:  # a producer `make_producer` did not make: the default bound
+        partitions = _PARTITIONS[producer] = _Partitions()
     for topic, key, value in outputs:
         partition = partitions.partition(producer, topic, key)
         if partition is None:  # no metadata yet: `send` waits for it
