@@ -7,7 +7,7 @@ calls for (in a world where an OOM kill costs an hour's restart, reserving more 
 the recommender's margin) is one such number, and a served policy acts on the Betas' means,
 which PPO moves only as far as the exploration around them reaches: at the served
 concentration a memory draw strays ~2% from its mean, and a round of PPO on the logs moved
-the memory shift by 0.001 where 0.8 was worth a fifth of the mean JCT
+the memory shift by 0.001 to 0.01 where 0.4 was worth 12% of the mean JCT
 (docs/concepts/learning.md).
 
 `search_shifts` searches those biases directly: from the current model, it tries each
@@ -127,6 +127,35 @@ def search_shifts(
             step /= 2
     moved = {k: v for k, v in moved.items() if v != 0.0}
     return SearchResult(with_shifts(model, moved), moved, start, best, len(trace), trace)
+
+
+class WindowSearch:
+    """A learner's search rounds over the windows it recorded (the services' learner and the
+    in-process loop): each set of windows is searched once per champion, on replay seeds
+    drawn apart from the judge's (`seed` is the judge's replay seed)."""
+
+    def __init__(self, cfg: HeadSearchSettings, seed: int) -> None:
+        self.cfg = cfg
+        self.seed = seed + SEARCH_SEED_OFFSET
+        self.last: tuple[str, int] | None = None  # (champion, newest window) searched
+
+    def run(
+        self,
+        champion: str,
+        sched: GNNScheduler,
+        windows: Sequence[ObservedWindow],
+        base: ScenarioConfig,
+    ) -> SearchResult | None:
+        """`sched` (the champion's scheduler) with its shifts searched on `windows`; None
+        with nothing recorded yet, or when these windows were searched for `champion`."""
+        if not windows:
+            return None
+        key = (champion, windows[-1].index)
+        if key == self.last:
+            return None
+        self.last = key
+        score = replay_score(windows, base, sched.normalizer, self.cfg.replays, self.seed)
+        return search_shifts(sched.model, score, self.cfg)
 
 
 def replay_score(

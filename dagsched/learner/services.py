@@ -37,7 +37,7 @@ import structlog
 from aiokafka import AIOKafkaConsumer
 
 from dagsched.learner.canary import CanaryRule
-from dagsched.learner.head_search import SEARCH_SEED_OFFSET, replay_score, search_shifts
+from dagsched.learner.head_search import WindowSearch
 from dagsched.learner.joining import Joined, OutcomeJoiner
 from dagsched.learner.live_ab import Action, Judge, Lease, WorkflowOutcomes, rule_from
 from dagsched.learner.online import FinetuneConfig, finetune_heads, learning_window
@@ -123,7 +123,7 @@ class LearnerService:
         # evaluator records them, for its rounds to replay
         self.gate: ReplayGate[MessageFeed] | None = None
         self.outcomes: WorkflowOutcomes | None = None
-        self._searched: tuple[str, int] | None = None  # (champion, newest window) searched
+        self.searches = WindowSearch(self.cfg.search, config_from(settings.evaluator.replay).seed)
         if self.cfg.method == "search":
             self.gate = ReplayGate.on_wire(settings, self.registry.load)
             self.outcomes = WorkflowOutcomes(self.joiner)
@@ -329,14 +329,9 @@ class LearnerService:
         if not windows:
             log.info("learner.search_waiting", reason="no recorded window closed yet")
             return None
-        key = (parent, windows[-1].index)
-        if key == self._searched:
+        res = self.searches.run(parent, champ, windows, self.settings.sim)
+        if res is None:  # these windows were searched for this champion already
             return None
-        self._searched = key
-        s = self.cfg.search
-        seed = config_from(self.settings.evaluator.replay).seed + SEARCH_SEED_OFFSET
-        score = replay_score(windows, self.settings.sim, champ.normalizer, s.replays, seed)
-        res = search_shifts(champ.model, score, s)
         indices = [w.index for w in windows]
         log.info("learner.search", parent=parent, windows=indices, **res.metrics())
         if not res.moved:

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 from dagsched.core.workflow import Workflow
 from dagsched.learner.adjustment import Congestion, congestion, covariates
 from dagsched.learner.canary import CanaryRule
-from dagsched.learner.head_search import SEARCH_SEED_OFFSET, replay_score, search_shifts
+from dagsched.learner.head_search import WindowSearch
 from dagsched.learner.joining import Joined
 from dagsched.learner.live_ab import Judge, Sample, rule_from, workflow_speed
 from dagsched.learner.online import FinetuneConfig, finetune_heads, learning_window
@@ -157,7 +157,7 @@ class SimLoop:
         self.sim: Simulator | None = None
         self._explorers: dict[str, GNNScheduler] = {}
         self._chain = 0  # rounds since the champion last changed
-        self._searched: tuple[str, int] | None = None  # (champion, newest window) searched
+        self.searches = WindowSearch(cfg.search, seed)  # learner "search"
 
     # -- driving ------------------------------------------------------------------------------
 
@@ -412,17 +412,12 @@ class SimLoop:
         this champion: wait for the next window. A search that moves nothing makes no
         version."""
         self.completed = 0
-        windows = list(self.gate.recent) if self.gate is not None else []
-        if self.gate is None or not windows:
+        if self.gate is None:
             return
-        key = (self.champion, windows[-1].index)
-        if key == self._searched:
+        windows = list(self.gate.recent)
+        res = self.searches.run(self.champion, champion, windows, self.gate.base)
+        if res is None:
             return
-        self._searched = key
-        cfg = self.cfg.search
-        seed = self.seed + SEARCH_SEED_OFFSET
-        score = replay_score(windows, self.gate.base, champion.normalizer, cfg.replays, seed)
-        res = search_shifts(champion.model, score, cfg)
         detail = {"windows": [w.index for w in windows], **res.metrics()}
         if not res.moved:
             self.events.append(LoopEvent(now, "search", "", self.champion, detail))
