@@ -7,6 +7,12 @@ over its simulator run. Either takes closed windows from `next_window`, runs `ju
 (the evaluator in a worker thread: a window's replays take seconds to minutes) and hands the
 report back to `take`. Each pair gets its own `ReplayJudge`, so a report judged for a pair
 that has since changed is dropped, never counted in the new pair's test.
+
+A pair is judged only on fresh windows: those whose every workflow arrived after the pair
+was set. A challenger is fitted to the traffic it was trained or searched on, so replaying it
+on that traffic confirms what it was fitted to (a search that kept the best of 16 candidates
+on two windows wins those windows by construction); traffic that arrived later is a test it
+has not seen.
 """
 
 from __future__ import annotations
@@ -35,9 +41,7 @@ from dagsched.sim.replay_world import PolicyFactory
 from dagsched.sim.snapshot import SchedulerPolicy
 
 Pair = tuple[str, str]  # (champion, challenger) version ids, "v3"
-# closed windows waiting to be judged: when judging falls behind traffic, the newest are kept.
-# A new pair starts with the newest this many closed windows (recorded traffic is there to
-# be replayed): with the default K=8 and min_replays 16 its first verdict can come at once
+# closed windows waiting to be judged: when judging falls behind traffic, the newest are kept
 MAX_WAITING = 2
 
 
@@ -74,7 +78,8 @@ class ReplayGate(Generic[F]):
         self.waiting: deque[ObservedWindow] = deque(maxlen=MAX_WAITING)
         self.recent: deque[ObservedWindow] = deque(maxlen=MAX_WAITING)  # whatever the pair
         self.reports: deque[tuple[Pair, WindowReport]] = deque(maxlen=1000)
-        self.skipped = 0  # closed windows never judged (no pair, or judging fell behind)
+        self.skipped = 0  # closed windows not judged: no pair, not fresh, or judging fell behind
+        self.fresh_from = 0  # the first window the pair under test may be judged on
         self._schedulers: dict[str, Scheduler] = {}
 
     @staticmethod
@@ -102,9 +107,9 @@ class ReplayGate(Generic[F]):
         self.pair = pair
         self.judge = ReplayJudge(self.cfg, self.base)
         self.won = None
-        # the new pair is judged at once on the newest closed windows, not only on traffic
-        # still to come
-        self.waiting = deque(self.recent if pair is not None else (), maxlen=MAX_WAITING)
+        # judged on traffic still to come: the first window that starts after this arrival
+        self.fresh_from = -(-self.recorder.arrivals // self.cfg.window_workflows)
+        self.waiting = deque(maxlen=MAX_WAITING)
         keep = set(pair or ())
         self._schedulers = {v: s for v, s in self._schedulers.items() if v in keep}
 
@@ -115,7 +120,7 @@ class ReplayGate(Generic[F]):
         closed = self.recorder.ready(self.feed.families()) if self.recorder.closable() else []
         for w in closed:
             self.recent.append(w)
-            if self.pair is None:
+            if self.pair is None or w.index < self.fresh_from:
                 self.skipped += 1
                 continue
             if len(self.waiting) == self.waiting.maxlen:

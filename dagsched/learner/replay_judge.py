@@ -213,6 +213,11 @@ class TrafficRecorder:
             self.first_s = at_s
         self.last_s = max(self.last_s, at_s)
 
+    @property
+    def arrivals(self) -> int:
+        """Workflows arrived so far (window k holds arrivals k x window to (k+1) x window - 1)."""
+        return self._count
+
     # -- estimates ----------------------------------------------------------------------------
 
     @property

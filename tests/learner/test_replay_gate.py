@@ -13,6 +13,7 @@ from dagsched.core.heft import HeftHistory
 from dagsched.core.history import History, measured_ratios
 from dagsched.core.scheduler import Placement, Scheduler
 from dagsched.core.view import ClusterView, TaskView
+from dagsched.core.workflow import Workflow
 from dagsched.learner.live_ab import Sample
 from dagsched.learner.replay_feed import MessageFeed, record_run
 from dagsched.learner.replay_gate import ReplayGate
@@ -111,6 +112,8 @@ def test_windows_are_judged_for_the_pair_under_test_only() -> None:
     _windows(gate, 40)
     assert gate.next_window() is None  # no challenger: nothing to judge
     gate.versions("v1", "v2")
+    assert gate.next_window() is None  # nor traffic that arrived before the pair
+    _windows(gate, 40)
     nxt = gate.next_window()
     assert nxt is not None
     obs, pair, judge = nxt
@@ -123,8 +126,8 @@ def test_windows_are_judged_for_the_pair_under_test_only() -> None:
 
 def test_a_replay_win_waits_in_won_and_a_retire_is_acted_on() -> None:
     gate = _gate([])
-    _windows(gate, 60)
     gate.versions("v2", "v1")  # heft_history (v1) challenges its throttled copy (v2)
+    _windows(gate, 60)
     decisions = []
     while (nxt := gate.next_window()) is not None:
         report = gate.judge_window(*nxt)
@@ -155,20 +158,24 @@ def test_a_finished_workflow_is_recorded_with_its_jct_and_who_served_it() -> Non
     assert gate.recorder.elsewhere == {b.id}  # the challenger's: not in fidelity
 
 
-def test_a_new_pair_is_judged_at_once_on_the_newest_closed_windows() -> None:
+def test_a_pair_is_judged_only_on_windows_that_arrived_after_it() -> None:
     gate = _gate([])
-    wfs = list(stream_workflows(gate.base, 4, 80))
-    for wf in wfs[:60]:  # three windows of 20, every workflow ended
-        gate.recorder.workflow(wf)
-        gate.recorder.ended(wf.id, 10.0, True)
-    assert gate.next_window() is None and gate.skipped == 3  # no pair: none judged...
-    gate.versions("v1", "v2")
-    got = []
-    while (nxt := gate.next_window()) is not None:
-        got.append(nxt[0].index)
-    assert got == [1, 2]  # ...but the newest two wait for the first pair
-    gate.versions("v1", "v3")
-    nxt = gate.next_window()
-    assert nxt is not None and nxt[0].index == 1  # and for the next one, judged afresh
+    wfs = list(stream_workflows(gate.base, 4, 120))
+
+    def feed(batch: Sequence[Workflow]) -> list[int]:
+        for wf in batch:
+            gate.recorder.workflow(wf)
+            gate.recorder.ended(wf.id, 10.0, True)
+        got = []
+        while (nxt := gate.next_window()) is not None:
+            got.append(nxt[0].index)
+        return got
+
+    assert feed(wfs[:50]) == [] and gate.skipped == 2  # windows 0 and 1: no pair
+    gate.versions("v1", "v2")  # mid window 2: the challenger may have been fitted to it
+    assert feed(wfs[50:70]) == [] and gate.skipped == 3  # window 2 closed, but began before
+    assert feed(wfs[70:100]) == [3, 4]  # windows that arrived after the pair was set
+    gate.versions("v1", "v3")  # exactly between windows: the next one is fresh
+    assert feed(wfs[100:120]) == [5] and gate.skipped == 3
     gate.versions(None, None)
     assert gate.next_window() is None and not gate.waiting
