@@ -255,6 +255,7 @@ class ReplaySettings(_Strict):
     replays: int = Field(default=8, ge=1)  # K per version per window (common random numbers)
     alpha: float = Field(default=0.05, gt=0, lt=1)
     min_replays: int = Field(default=16, ge=2)  # paired differences before any verdict
+    min_windows: int = Field(default=2, ge=1)  # and windows (their spread enters the variance)
     max_replays: int = Field(default=400, ge=2)  # then the challenger is retired
     tau_jct: float = Field(default=0.05, gt=0)  # mixing-prior sd of the relative JCT reduction
     tau_sla: float = Field(default=0.03, gt=0)

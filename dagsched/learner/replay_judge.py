@@ -17,7 +17,8 @@ history, the fault rates and the OOM restart time that the events revealed.
   relative error of mean JCT over the workflows it served; above `fidelity_max_jct_err`
   the verdict is `unreliable` and nothing is added), then feeds the K per-replay
   differences to the paired mSPRT (`sequential.PairedTest`). Windows do not overlap, so
-  no replay is counted twice.
+  no replay is counted twice; the K replays of one window share its workflows, so the test
+  takes the spread between windows into its variance and waits for `min_windows`.
 """
 
 from __future__ import annotations
@@ -328,6 +329,7 @@ def config_from(cfg: ReplaySettings) -> ReplayJudgeConfig:
         alpha=cfg.alpha,
         min_samples=cfg.min_replays,
         max_samples=cfg.max_replays,
+        min_windows=cfg.min_windows,
         tau={"jct": cfg.tau_jct, "sla": cfg.tau_sla, "reward": cfg.tau_reward},
         min_effect={
             "jct": cfg.min_effect_jct,
@@ -435,10 +437,8 @@ class ReplayJudge:
             return report
         other = self.replay(world, challenger, obs.index)
         report.challenger = [_summary(r) for r in other]
-        for a, b in zip(base, other, strict=True):
-            d = paired_diffs(a, b)
-            report.diffs.append(d)
-            self.test.add(d)
+        report.diffs = [paired_diffs(a, b) for a, b in zip(base, other, strict=True)]
+        self.test.add_window(report.diffs)
         v = self.test.verdict()
         report.decision, report.reason, report.verdict = v.decision, v.reason, v
         self.reports.append(report)

@@ -35,6 +35,7 @@ The rule (`decide`), checked only once both arms have `min_samples`:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -245,6 +246,7 @@ class PairedRule:
     alpha: float = 0.05
     min_samples: int = 16
     max_samples: int = 400
+    min_windows: int = 2  # windows before any verdict (their spread is part of the variance)
     tau: dict[str, float] = field(
         default_factory=lambda: {"jct": 0.05, "sla": 0.03, "reward": 0.02}
     )
@@ -256,43 +258,68 @@ class PairedRule:
     def describe(self) -> str:
         return (
             f"paired mSPRT (normal mixture) on per-replay differences, alpha={self.alpha:g} "
-            f"split over {len(PAIRED_METRICS)} metrics, min_samples={self.min_samples}, "
-            f"max_samples={self.max_samples}, tau={self.tau}, min_effect={self.min_effect}"
+            f"split over {len(PAIRED_METRICS)} metrics, variance the larger of per-replay "
+            f"and between-window, min_samples={self.min_samples}, "
+            f"min_windows={self.min_windows}, max_samples={self.max_samples}, "
+            f"tau={self.tau}, min_effect={self.min_effect}"
         )
 
 
-def compare_paired(diffs: Running, tau: float, alpha: float, var_floor: float) -> MetricStats:
-    """One metric's confidence sequence on the mean of paired differences (variance s^2/n);
-    the champion's side of `MetricStats` is 0 and the challenger's is the mean difference."""
+def compare_paired(
+    diffs: Running, windows: Running, tau: float, alpha: float, var_floor: float
+) -> MetricStats:
+    """One metric's confidence sequence on the mean of paired differences; the champion's
+    side of `MetricStats` is 0 and the challenger's is the mean difference. The variance of
+    the mean is the larger of s^2/n over the replays and s_w^2/G over the G windows' means:
+    replays of one window share its workflows, so they are not independent draws of what
+    the challenger would change, and the spread between windows is what says so."""
     n = max(diffs.n, 1)
     v = max(diffs.var, var_floor) / n
+    if windows.n > 1:
+        v = max(v, windows.var / windows.n)
     log_lambda, w = mixture(diffs.mean, v, tau, alpha)
     d = diffs.mean
     return MetricStats(diffs.n, diffs.n, 0.0, d, d, d - w, d + w, log_lambda)
 
 
 class PairedTest:
-    """The mSPRT on paired differences, fed one replay's differences at a time. Under the
-    null the differences have mean 0 whatever else they share (a window, the world's draws),
-    so the mixture is a martingale and the test may look after every replay."""
+    """The mSPRT on paired differences, fed one window's replays at a time. Under the null
+    the differences have mean 0 whatever else they share (a window, the world's draws), so
+    the mixture is a martingale and the test may look after every window."""
 
     def __init__(self, rule: PairedRule) -> None:
         self.rule = rule
         self.diffs = {m: Running() for m in PAIRED_METRICS}
+        self.windows = {m: Running() for m in PAIRED_METRICS}  # each window's mean difference
 
     @property
     def n(self) -> int:
         return self.diffs["jct"].n
 
     def add(self, diffs: dict[str, float]) -> None:
+        """One replay that is its own window (independent of every other)."""
+        self.add_window([diffs])
+
+    def add_window(self, replays: Sequence[dict[str, float]]) -> None:
+        """The differences of one window's replays."""
+        if not replays:
+            return
         for m in PAIRED_METRICS:
-            self.diffs[m].add(float(diffs[m]))
+            xs = [float(d[m]) for d in replays]
+            for x in xs:
+                self.diffs[m].add(x)
+            self.windows[m].add(sum(xs) / len(xs))
 
     def verdict(self) -> Verdict:
         """Promote, retire or continue, by `decide`'s rule over the paired metrics."""
         rule = self.rule
         a = rule.alpha / len(PAIRED_METRICS)
         stats = {
-            m: compare_paired(self.diffs[m], rule.tau[m], a, rule.var_floor) for m in PAIRED_METRICS
+            m: compare_paired(self.diffs[m], self.windows[m], rule.tau[m], a, rule.var_floor)
+            for m in PAIRED_METRICS
         }
+        if self.windows["jct"].n < rule.min_windows:
+            n = self.windows["jct"].n
+            return Verdict("continue", f"fewer than {rule.min_windows} windows ({n})",
+                           rule.describe(), stats)  # fmt: skip
         return _by_rule(stats, rule, self.n, self.n, "replays", "replays")

@@ -55,6 +55,33 @@ def test_paired_test_waits_for_min_samples_and_identical_never_promotes() -> Non
     assert v.decision == "retire" and "futile" in v.reason
 
 
+def test_paired_test_counts_the_spread_between_windows() -> None:
+    # each window's 8 replays agree (the window's workflows favour one version), but the
+    # windows disagree: +5%, 0%, +4%, +1%. Taken as 32 independent replays it is a sure
+    # +2.5%; four windows say it may be nothing
+    rule = PairedRule(min_samples=16)
+    rng = np.random.default_rng(1)
+    t, iid = PairedTest(rule), PairedTest(rule)
+    for gain in (0.05, 0.0, 0.04, 0.01):
+        replays = [{"jct": gain + rng.normal(0, 0.002), "sla": 0.0, "reward": 0.0}
+                   for _ in range(8)]  # fmt: skip
+        t.add_window(replays)
+        for d in replays:
+            iid.add(d)  # each its own window: what the test did before it knew windows
+    assert iid.verdict().decision == "promote"
+    v = t.verdict()
+    assert v.decision != "promote" and v.stats["jct"].lower < 0
+
+
+def test_paired_test_waits_for_min_windows() -> None:
+    t = PairedTest(PairedRule(min_samples=4, min_windows=2))
+    t.add_window([{"jct": 0.3, "sla": 0.1, "reward": 0.1}] * 16)
+    v = t.verdict()
+    assert v.decision == "continue" and "windows" in v.reason
+    t.add_window([{"jct": 0.3, "sla": 0.1, "reward": 0.1}] * 16)
+    assert t.verdict().decision == "promote"
+
+
 def test_paired_diffs_are_higher_better() -> None:
     a = ReplayResult({"x": 100.0}, {"x": False}, [0.1])
     b = ReplayResult({"x": 80.0}, {"x": True}, [0.3])
