@@ -233,12 +233,15 @@ class TrafficRecorder:
 
     @property
     def oom_restart_s(self) -> float:
-        """Mean extra time on the node of the latest `RECENT_OOM_RETRIES` attempts that
-        followed an OOM kill, beyond the latest other attempts'."""
+        """Median extra time on the node of the latest `RECENT_OOM_RETRIES` attempts that
+        followed an OOM kill, beyond the latest other attempts' mean. The median, not the
+        mean: OOM kills are rare (a few per hundred workflows), so the latest 20 retries
+        span hundreds of workflows, and once most of them show a new restart cost, that is
+        the cost, not a blend with the old."""
         after, other = self._overhead[True], self._overhead[False]
         if not after:
             return 0.0
-        return max(0.0, float(np.mean(after)) - (float(np.mean(other)) if other else 0.0))
+        return max(0.0, float(np.median(after)) - (float(np.mean(other)) if other else 0.0))
 
     # -- windows ------------------------------------------------------------------------------
 

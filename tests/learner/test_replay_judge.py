@@ -121,8 +121,12 @@ def test_the_restart_cost_after_an_oom_kill_follows_a_change_within_a_few_retrie
     for k in range(40):
         r.attempt_ended(200.0 + k, False, overhead_s=1.0, after_oom=True)
     assert r.oom_restart_s == 0.0  # before: a retry costs what any attempt does
-    for k in range(RECENT_OOM_RETRIES):
+    for k in range(RECENT_OOM_RETRIES // 2 + 1):
         r.attempt_ended(300.0 + k, False, overhead_s=3601.0, after_oom=True)
+    # most of the latest retries restart for an hour: the mean of the latest would say half
+    assert r.oom_restart_s == 3600.0
+    for k in range(RECENT_OOM_RETRIES):
+        r.attempt_ended(350.0 + k, False, overhead_s=3601.0, after_oom=True)
     assert r.oom_restart_s == 3600.0  # the run's average would say a third of it
     r.attempt_ended(400.0, True, "oom", overhead_s=0.0, after_oom=True)  # a failed retry
     assert r.oom_restart_s == 3600.0
