@@ -25,7 +25,8 @@ challenger identical to the champion; verdict every 10 challenger workflows unti
 decides) with the loop's share and decision rule, fed with real per-workflow outcomes (SLA,
 mean reward, speed) of the frozen champion in the faithful, unshifted world, drawn at random.
 
-    .venv/bin/python bench/online_shift.py [--quick] [--json] [--seeds 3] [--workflows 2000]
+    .venv/bin/python bench/online_shift.py [--quick] [--json] [--seeds 3] [--first-seed 0]
+        [--workflows 2000]
         [--shift-at 0.1] [--share 0.3] [--explore-share 0.4] [--every-n 2000] [--window 2000]
         [--lr 2e-3] [--epochs 8] [--target-kl 0.2] [--ent-coef 0.01] [--clip 0.2]
         [--credit task-critic] [--min-samples 100] [--max-samples 300]
@@ -234,6 +235,7 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="2 seeds x 700 workflows, small A/A")
     ap.add_argument("--json", action="store_true", help="print one JSON object (the summary)")
     ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--first-seed", type=int, default=0, help="run seeds from this one on")
     ap.add_argument("--workflows", type=int, default=2000)
     ap.add_argument("--shift-at", type=float, default=0.1, help="share of the run's arrivals")
     ap.add_argument("--held-out", type=int, default=3, help="held-out seeds")
@@ -317,7 +319,7 @@ def main() -> None:
     promoted: dict[int, GNNScheduler] = {}
     latest: dict[int, GNNScheduler] = {}  # each seed's last learner version, promoted or not
     shift_at: dict[int, float] = {}
-    for seed in range(args.seeds):
+    for seed in range(args.first_seed, args.first_seed + args.seeds):
         base = replace(s.sim, workload=wl, shift=None)
         at = shift_time(base, seed, args.workflows, args.shift_at)
         sc = replace(base, shift=replace(s.sim.shift, at_s=at))
