@@ -35,6 +35,7 @@ $(STAMP): pyproject.toml
 
 lint: setup
 	$(VENV)/bin/ruff check dagsched tests bench experiments tools
+	$(VENV)/bin/ruff format --check dagsched tests bench experiments tools
 	$(VENV)/bin/mypy dagsched tools
 
 export NO_MKDOCS_2_WARNING := 1

@@ -479,10 +479,18 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=None, help="updater backlog (150000; quick 30k)")
     ap.add_argument("--loop-decisions", type=int, default=None, help="closed loop (60000; 10k)")
     ap.add_argument("--loop-rate", type=float, default=1000.0, help="closed loop tasks/s offered")
-    ap.add_argument("--loop-policy", choices=("gnn", "heuristic"), default="gnn",
-                    help="closed loop: the daemon serves the champion, or the fallback")
-    ap.add_argument("--loop-updater", choices=("daemon", "process"), default="daemon",
-                    help="closed loop: the daemon's own updater, or dagsched updater alone")
+    ap.add_argument(
+        "--loop-policy",
+        choices=("gnn", "heuristic"),
+        default="gnn",
+        help="closed loop: the daemon serves the champion, or the fallback",
+    )
+    ap.add_argument(
+        "--loop-updater",
+        choices=("daemon", "process"),
+        default="daemon",
+        help="closed loop: the daemon's own updater, or dagsched updater alone",
+    )
     ap.add_argument("--served-nodes", default=",".join(map(str, SERVED_NODES)))
     ap.add_argument("--torch-threads", type=int, default=None)
     ap.add_argument("--out", type=Path, default=None)

@@ -49,8 +49,11 @@ def _params(command: Any) -> list[str]:
     out = []
     if args:
         out += ["| argument | required | help |", "|---|---|---|"]
-        out += [f"| `{p.name.upper()}` | {'yes' if p.required else 'no'} | "
-                f"{_cell(getattr(p, 'help', None) or '')} |" for p in args]
+        out += [
+            f"| `{p.name.upper()}` | {'yes' if p.required else 'no'} | "
+            f"{_cell(getattr(p, 'help', None) or '')} |"
+            for p in args
+        ]
         out.append("")
     if opts:
         out += ["| option | default | help |", "|---|---|---|"]
@@ -66,8 +69,11 @@ def _usage(path: list[str], command: Any) -> str:
     pieces = ["dagsched", *path]
     if any(p.param_type_name == "option" for p in command.params):
         pieces.append("[OPTIONS]")
-    pieces += [p.name.upper() + ("" if p.required else "?") for p in command.params
-               if p.param_type_name == "argument"]
+    pieces += [
+        p.name.upper() + ("" if p.required else "?")
+        for p in command.params
+        if p.param_type_name == "argument"
+    ]
     if hasattr(command, "commands"):
         pieces.append("COMMAND")
     return " ".join(pieces)

@@ -129,8 +129,12 @@ def section(title: str, what: str, src: Source, command: str, body: list[str]) -
     """A titled table with what it measures and its stamp line."""
     out = [f"## {title}", "", what, "", src.stamp_line(command), ""]
     if src.before_world():
-        out += [f"!!! warning \"Measured before the current world ({WORLD_IS})\"", "",
-                "    Kept for the record; run the command again to refresh it.", ""]
+        out += [
+            f'!!! warning "Measured before the current world ({WORLD_IS})"',
+            "",
+            "    Kept for the record; run the command again to refresh it.",
+            "",
+        ]
     return out + body
 
 
@@ -152,81 +156,171 @@ def chart(src: Source, png: str, alt: str) -> list[str]:
 
 def faithful_rows(src: Source, truth: str) -> list[list[str]]:
     rows = [r for r in src.data["rows"] if r["truth"] == truth]
-    rows.sort(key=lambda r: (r["load"], BASELINES.index(r["policy"])
-                             if r["policy"] in BASELINES else 99))
-    return [[f"{r['load']:.2f}", f"`{r['policy']}`", num(r["sla_attainment"], 3),
-             num(r["mean_jct_s"]), num(r["p95_jct_s"]), num(r["reserved_util"], 2),
-             num(r["used_util"], 2), num(r["oom_kills"], 1), num(r["workflows_failed"], 1)]
-            for r in rows]
+    rows.sort(
+        key=lambda r: (r["load"], BASELINES.index(r["policy"]) if r["policy"] in BASELINES else 99)
+    )
+    return [
+        [
+            f"{r['load']:.2f}",
+            f"`{r['policy']}`",
+            num(r["sla_attainment"], 3),
+            num(r["mean_jct_s"]),
+            num(r["p95_jct_s"]),
+            num(r["reserved_util"], 2),
+            num(r["used_util"], 2),
+            num(r["oom_kills"], 1),
+            num(r["workflows_failed"], 1),
+        ]
+        for r in rows
+    ]
 
 
 def policy_rows(rows: list[dict[str, Any]]) -> list[list[str]]:
-    return [[r["scenario"], f"`{r['policy']}`", num(r["sla_attainment"], 3), num(r["mean_jct_s"]),
-             num(r["p95_jct_s"]), num(r.get("oom_kills"), 1), num(r.get("seeds"))] for r in rows]
+    return [
+        [
+            r["scenario"],
+            f"`{r['policy']}`",
+            num(r["sla_attainment"], 3),
+            num(r["mean_jct_s"]),
+            num(r["p95_jct_s"]),
+            num(r.get("oom_kills"), 1),
+            num(r.get("seeds")),
+        ]
+        for r in rows
+    ]
 
 
 def baselines_page() -> list[str]:
-    out = ["# Baselines", "",
-           "Every hand-written policy at steady state: what the learned policy is measured "
-           "against (see [the simulated world](../concepts/world.md)).", ""]
+    out = [
+        "# Baselines",
+        "",
+        "Every hand-written policy at steady state: what the learned policy is measured "
+        "against (see [the simulated world](../concepts/world.md)).",
+        "",
+    ]
     if src := load("faithful_world.json"):
-        head = ["load", "policy", "SLA", "mean JCT s", "p95 JCT s", "reserved", "used",
-                "OOM kills", "failed workflows"]
-        out += section("The world's baselines",
-                       f"Held-out seeds 10000{DASH}10004 {X} 200 workflows, faults on, means over "
-                       "seeds. "
-                       "*Hidden*: tasks use what their family's hidden truth says; *exact*: what "
-                       "they declare.", src, "python bench/faithful_world.py",
-                       ["### Hidden truth", "", *table(head, faithful_rows(src, "hidden"), 2),
-                        "### Exact truth", "", *table(head, faithful_rows(src, "exact"), 2)])
+        head = [
+            "load",
+            "policy",
+            "SLA",
+            "mean JCT s",
+            "p95 JCT s",
+            "reserved",
+            "used",
+            "OOM kills",
+            "failed workflows",
+        ]
+        out += section(
+            "The world's baselines",
+            f"Held-out seeds 10000{DASH}10004 {X} 200 workflows, faults on, means over "
+            "seeds. "
+            "*Hidden*: tasks use what their family's hidden truth says; *exact*: what "
+            "they declare.",
+            src,
+            "python bench/faithful_world.py",
+            [
+                "### Hidden truth",
+                "",
+                *table(head, faithful_rows(src, "hidden"), 2),
+                "### Exact truth",
+                "",
+                *table(head, faithful_rows(src, "exact"), 2),
+            ],
+        )
     if src := load("ppo_headroom.json"):
         head = ["scenario", "policy", "SLA", "mean JCT s", "p95 JCT s", "OOM kills", "seeds"]
-        out += section("What ordering and perfect information buy",
-                       "`heft_history` with each queue-priority rule, and fed perfect information "
-                       "(`oracle_res`: reservations at each task's real use x 1.05; "
-                       "`_runtime`: also its real run time) with FIFO queues and with SRPT: "
-                       "what a learned policy could find on top of its base "
-                       "(`heft_history_srpt`). `model` is the shipped champion.", src,
-                       src.data.get("command", "python bench/ppo_headroom.py"),
-                       table(head, policy_rows(src.data["rows"]), 2))
+        out += section(
+            "What ordering and perfect information buy",
+            "`heft_history` with each queue-priority rule, and fed perfect information "
+            "(`oracle_res`: reservations at each task's real use x 1.05; "
+            "`_runtime`: also its real run time) with FIFO queues and with SRPT: "
+            "what a learned policy could find on top of its base "
+            "(`heft_history_srpt`). `model` is the shipped champion.",
+            src,
+            src.data.get("command", "python bench/ppo_headroom.py"),
+            table(head, policy_rows(src.data["rows"]), 2),
+        )
     return out
 
 
 def eval_section(src: Source, title: str, command: str) -> list[str]:
     rows: list[dict[str, Any]] = src.data
     default = [r for r in rows if r["scenario"] == "default"] or rows
-    head = ["policy", "SLA", "mean JCT s", "p95 JCT s", "cost core-s", "total reward",
-            "decision ms"]
-    body = table(head, ([f"`{r['policy']}`", num(r["sla_attainment"], 3), num(r["mean_jct_s"]),
-                         num(r["p95_jct_s"]), num(r["cost_core_s"]), num(r["total_reward"], 1),
-                         num(r["decision_ms"], 2)] for r in default))
+    head = [
+        "policy",
+        "SLA",
+        "mean JCT s",
+        "p95 JCT s",
+        "cost core-s",
+        "total reward",
+        "decision ms",
+    ]
+    body = table(
+        head,
+        (
+            [
+                f"`{r['policy']}`",
+                num(r["sla_attainment"], 3),
+                num(r["mean_jct_s"]),
+                num(r["p95_jct_s"]),
+                num(r["cost_core_s"]),
+                num(r["total_reward"], 1),
+                num(r["decision_ms"], 2),
+            ]
+            for r in default
+        ),
+    )
     scenarios = sorted({r["scenario"] for r in rows})
     if len(scenarios) > 1:
         means = []
         for policy in dict.fromkeys(r["policy"] for r in rows):
             mine = [r for r in rows if r["policy"] == policy]
-            means.append([f"`{policy}`", num(sum(r["sla_attainment"] for r in mine) / len(mine), 3),
-                          num(sum(r["mean_jct_s"] for r in mine) / len(mine)), num(len(mine))])
-        body = ["Default scenario:", "", *body,
-                f"Mean over the scenarios ({', '.join(scenarios)}):", "",
-                *table(["policy", "SLA", "mean JCT s", "scenarios"], means)]
-    return section(title, "`dagsched eval`: the model against every baseline on held-out seeds.",
-                   src, command, body + chart(src, "jct.png", "mean JCT per scenario"))
+            means.append(
+                [
+                    f"`{policy}`",
+                    num(sum(r["sla_attainment"] for r in mine) / len(mine), 3),
+                    num(sum(r["mean_jct_s"] for r in mine) / len(mine)),
+                    num(len(mine)),
+                ]
+            )
+        body = [
+            "Default scenario:",
+            "",
+            *body,
+            f"Mean over the scenarios ({', '.join(scenarios)}):",
+            "",
+            *table(["policy", "SLA", "mean JCT s", "scenarios"], means),
+        ]
+    return section(
+        title,
+        "`dagsched eval`: the model against every baseline on held-out seeds.",
+        src,
+        command,
+        body + chart(src, "jct.png", "mean JCT per scenario"),
+    )
 
 
 def evaluation_page() -> list[str]:
-    out = ["# Evaluation", "",
-           "`dagsched eval` plays a model and the baselines on the same held-out seeds and "
-           "writes `eval.md`, `eval.csv`, `eval.json` and charts. The policy is being rebuilt "
-           "as a residual over `heft_history`; these pages change when the command is run "
-           "again.", ""]
+    out = [
+        "# Evaluation",
+        "",
+        "`dagsched eval` plays a model and the baselines on the same held-out seeds and "
+        "writes `eval.md`, `eval.csv`, `eval.json` and charts. The policy is being rebuilt "
+        "as a residual over `heft_history`; these pages change when the command is run "
+        "again.",
+        "",
+    ]
     if src := load("eval/eval.json"):
         out += eval_section(src, "The shipped model against the baselines", EVAL_COMMAND)
     if src := load("eval_mcts/eval.json"):
-        out += eval_section(src, "MCTS", "dagsched eval --model models/champion --seeds 1 "
-                            "--workflows 30 --mcts-workflows 8 --policies "
-                            "champion,heft,least_loaded,mcts --scenarios default,load:0.95 "
-                            "--out bench/results/eval_mcts")
+        out += eval_section(
+            src,
+            "MCTS",
+            "dagsched eval --model models/champion --seeds 1 "
+            "--workflows 30 --mcts-workflows 8 --policies "
+            "champion,heft,least_loaded,mcts --scenarios default,load:0.95 "
+            "--out bench/results/eval_mcts",
+        )
     return out
 
 
@@ -256,45 +350,71 @@ REPLAY_INTERFERENCE = {
 
 
 def learning_page() -> list[str]:
-    out = ["# Learning while serving", "",
-           "The loop (learner, sequential A/B test, guardrail) played in the simulator, and the "
-           "services' switch time. How versions are judged: [Judging](../concepts/judging.md).",
-           ""]
+    out = [
+        "# Learning while serving",
+        "",
+        "The loop (learner, sequential A/B test, guardrail) played in the simulator, and the "
+        "services' switch time. How versions are judged: [Judging](../concepts/judging.md).",
+        "",
+    ]
     for rel, command in ONLINE_SHIFT.items():
         if not (src := load(rel)):
             continue
         s, arms = src.data["summary"], src.data["arms"]
-        rows = [[f"`{a}`", num(arms[a]["before"]["sla"], 3), num(arms[a]["before"]["mean_jct_s"]),
-                 num(arms[a]["after"]["sla"], 3), num(arms[a]["after"]["mean_jct_s"])]
-                for a in ("frozen", "loop", "heft_history")]
+        rows = [
+            [
+                f"`{a}`",
+                num(arms[a]["before"]["sla"], 3),
+                num(arms[a]["before"]["mean_jct_s"]),
+                num(arms[a]["after"]["sla"], 3),
+                num(arms[a]["after"]["mean_jct_s"]),
+            ]
+            for a in ("frozen", "loop", "heft_history")
+        ]
         held = s["held_out"]
-        held_rows = [[f"`{k}`", num(v["sla"], 3), num(v["mean_jct_s"])]
-                     for k, v in held.items() if isinstance(v, dict) and "sla" in v]
+        held_rows = [
+            [f"`{k}`", num(v["sla"], 3), num(v["mean_jct_s"])]
+            for k, v in held.items()
+            if isinstance(v, dict) and "sla" in v
+        ]
         cfg = src.data["config"]
-        what = (f"{cfg['seeds']} seeds {X} {cfg['workflows']:,} workflows of the `shift` profile "
-                f"(load {cfg['load']}), the shift on at {cfg['shift_at']:.0%} of the arrivals; "
-                f"challenger share {cfg['share']}, exploration {cfg.get('explore_share', 0)}; "
-                f"rounds by {LEARNERS[cfg.get('learner', 'ppo')]}. "
-                f"Promotions: {s['promotions']}, rollbacks: {s['rollbacks']}, rounds: "
-                f"{s['rounds']}; A/A false promotions of the per-workflow A/B "
-                f"{s['aa_false_promotion_rate']:.1%}.")
+        what = (
+            f"{cfg['seeds']} seeds {X} {cfg['workflows']:,} workflows of the `shift` profile "
+            f"(load {cfg['load']}), the shift on at {cfg['shift_at']:.0%} of the arrivals; "
+            f"challenger share {cfg['share']}, exploration {cfg.get('explore_share', 0)}; "
+            f"rounds by {LEARNERS[cfg.get('learner', 'ppo')]}. "
+            f"Promotions: {s['promotions']}, rollbacks: {s['rollbacks']}, rounds: "
+            f"{s['rounds']}; A/A false promotions of the per-workflow A/B "
+            f"{s['aa_false_promotion_rate']:.1%}."
+        )
         if rv := s.get("replay_verdicts"):
             fe = s["replay_fidelity_jct_err"]
             counts = ", ".join(f"{k} {v}" for k, v in rv.items())
-            what += (f" Judged by the replay judge: windows {counts}; fidelity (the serving "
-                     "version's mean JCT error) median "
-                     f"{num(100 * fe['median'], 1)}%, worst {num(100 * fe['max'], 1)}%, "
-                     f"{fe['over_limit']} of {fe['windows']} windows over {fe['limit']:.0%}.")
+            what += (
+                f" Judged by the replay judge: windows {counts}; fidelity (the serving "
+                "version's mean JCT error) median "
+                f"{num(100 * fe['median'], 1)}%, worst {num(100 * fe['max'], 1)}%, "
+                f"{fe['over_limit']} of {fe['windows']} windows over {fe['limit']:.0%}."
+            )
         else:
             what += " Judged by the per-workflow A/B."
-        body = [*table(["arm", "SLA before", "mean JCT s before", "SLA after",
-                        "mean JCT s after"], rows),
-                f"Held out ({cfg['held_out']} seeds \u00d7 {cfg['held_out_workflows']} workflows, "
-                "shift from t=0; `latest` is the learner's last version, not promoted):", "",
-                *table(["version", "SLA", "mean JCT s"], held_rows)]
+        body = [
+            *table(
+                ["arm", "SLA before", "mean JCT s before", "SLA after", "mean JCT s after"], rows
+            ),
+            f"Held out ({cfg['held_out']} seeds \u00d7 {cfg['held_out_workflows']} workflows, "
+            "shift from t=0; `latest` is the learner's last version, not promoted):",
+            "",
+            *table(["version", "SLA", "mean JCT s"], held_rows),
+        ]
         png = src.path.with_suffix(".png").name
-        out += section(f"The loop in the shifted world: `{rel}`", what, src, command,
-                       body + chart(src, png, "SLA per 100 arrivals"))
+        out += section(
+            f"The loop in the shifted world: `{rel}`",
+            what,
+            src,
+            command,
+            body + chart(src, png, "SLA per 100 arrivals"),
+        )
     for rel, command in REPLAY_INTERFERENCE.items():
         if not (src := load(rel)):
             continue
@@ -303,147 +423,286 @@ def learning_page() -> list[str]:
             v, c = r["variant"], r["copy"]
             fv, fc, st = v["first_verdict"], c["first_verdict"], v["stats"]["jct"]
             whole = r["whole_variant"]["mean_jct_s"] / r["whole_champion"]["mean_jct_s"] - 1
-            rows.append([r["seed"], f"{whole:+.1%}",
-                         "none" if fv is None else f"{fv['decision']} at {fv['workflows']}",
-                         f"{st['diff']:+.3f} [{st['lower']:+.3f}, {st['upper']:+.3f}]",
-                         "none" if fc is None else f"{fc['decision']} at {fc['workflows']}",
-                         " ".join(f"{w['jct_err']:.0%}" for w in v["windows"])])
+            rows.append(
+                [
+                    r["seed"],
+                    f"{whole:+.1%}",
+                    "none" if fv is None else f"{fv['decision']} at {fv['workflows']}",
+                    f"{st['diff']:+.3f} [{st['lower']:+.3f}, {st['upper']:+.3f}]",
+                    "none" if fc is None else f"{fc['decision']} at {fc['workflows']}",
+                    " ".join(f"{w['jct_err']:.0%}" for w in v["windows"]),
+                ]
+            )
         cfg = src.data["config"]
         champ = "heft_history" if cfg.get("baseline") else "the shipped champion"
-        out += section(f"The replay judge on the interference case: `{rel}`",
-                       f"{champ} serving {cfg['workflows']} workflows of `shift`; the variant "
-                       f"reserves CPU {cfg['shift']:+g} in logit space; windows of "
-                       f"{cfg['window']}, warm-up {cfg['warmup']}, K={cfg['replays']}. "
-                       "Whole-cluster JCT is the variant serving everything against the "
-                       "champion (negative: the variant is faster); the JCT difference is "
-                       "the replays' relative reduction with its 95% confidence sequence.",
-                       src, command,
-                       table(["seed", "JCT whole, variant/champion", "variant: first verdict",
-                              "variant JCT diff [CS]", "copy: first verdict",
-                              "fidelity by window"], rows))
+        out += section(
+            f"The replay judge on the interference case: `{rel}`",
+            f"{champ} serving {cfg['workflows']} workflows of `shift`; the variant "
+            f"reserves CPU {cfg['shift']:+g} in logit space; windows of "
+            f"{cfg['window']}, warm-up {cfg['warmup']}, K={cfg['replays']}. "
+            "Whole-cluster JCT is the variant serving everything against the "
+            "champion (negative: the variant is faster); the JCT difference is "
+            "the replays' relative reduction with its 95% confidence sequence.",
+            src,
+            command,
+            table(
+                [
+                    "seed",
+                    "JCT whole, variant/champion",
+                    "variant: first verdict",
+                    "variant JCT diff [CS]",
+                    "copy: first verdict",
+                    "fidelity by window",
+                ],
+                rows,
+            ),
+        )
     if src := load("aa_false_promotions.json"):
-        out += section("False promotions of the sequential test",
-                       "Simulated per-workflow outcomes, the evaluator's rule: "
-                       f"{src.data['rule']}; "
-                       f"challenger share {src.data['share']}.", src,
-                       "python bench/aa_false_promotions.py",
-                       table(["case", "runs", "promoted", "rate", "retired",
-                              "challenger workflows (mean)"],
-                             ([r["case"], r["runs"], r["promoted"], f"{r['promote_rate']:.1%}",
-                               r["retired"], num(r["mean_challenger_workflows"])]
-                              for r in src.data["rows"])))
+        out += section(
+            "False promotions of the sequential test",
+            "Simulated per-workflow outcomes, the evaluator's rule: "
+            f"{src.data['rule']}; "
+            f"challenger share {src.data['share']}.",
+            src,
+            "python bench/aa_false_promotions.py",
+            table(
+                ["case", "runs", "promoted", "rate", "retired", "challenger workflows (mean)"],
+                (
+                    [
+                        r["case"],
+                        r["runs"],
+                        r["promoted"],
+                        f"{r['promote_rate']:.1%}",
+                        r["retired"],
+                        num(r["mean_challenger_workflows"]),
+                    ]
+                    for r in src.data["rows"]
+                ),
+            ),
+        )
     if src := load("ab_interference.json"):
         rows = []
         for s in src.data["seeds"]:
             ab = s["ab"]
-            rows.append([s["seed"],
-                         f"{s['whole_variant']['speed'] - s['whole_champion']['speed']:+.3f}",
-                         f"{ab['speed']['diff']:+.3f} [{ab['speed']['lower']:+.3f}, "
-                         f"{ab['speed']['upper']:+.3f}]",
-                         f"{s['whole_variant']['sla'] - s['whole_champion']['sla']:+.3f}",
-                         f"{ab['sla']['diff']:+.3f} [{ab['sla']['lower']:+.3f}, "
-                         f"{ab['sla']['upper']:+.3f}]"])
-        out += section("What a per-workflow A/B sees on a shared cluster",
-                       "The champion against a variant that packs tighter: each alone on the "
-                       "cluster, then a 50/50 A/B on one cluster (95% confidence sequences).",
-                       src, "python bench/ab_interference.py",
-                       table(["seed", "speed, whole cluster", "speed, A/B", "SLA, whole cluster",
-                              "SLA, A/B"], rows)
-                       + chart(src, "ab_interference.png", "A/B against whole-cluster runs"))
-    for rel, command in (("drift.json", "python bench/drift.py --seeds 6"),
-                         ("drift_replace_kl01/drift.json", "python bench/drift.py "
-                          "--replace-challenger --target-kl 0.1")):
+            rows.append(
+                [
+                    s["seed"],
+                    f"{s['whole_variant']['speed'] - s['whole_champion']['speed']:+.3f}",
+                    f"{ab['speed']['diff']:+.3f} [{ab['speed']['lower']:+.3f}, "
+                    f"{ab['speed']['upper']:+.3f}]",
+                    f"{s['whole_variant']['sla'] - s['whole_champion']['sla']:+.3f}",
+                    f"{ab['sla']['diff']:+.3f} [{ab['sla']['lower']:+.3f}, "
+                    f"{ab['sla']['upper']:+.3f}]",
+                ]
+            )
+        out += section(
+            "What a per-workflow A/B sees on a shared cluster",
+            "The champion against a variant that packs tighter: each alone on the "
+            "cluster, then a 50/50 A/B on one cluster (95% confidence sequences).",
+            src,
+            "python bench/ab_interference.py",
+            table(
+                ["seed", "speed, whole cluster", "speed, A/B", "SLA, whole cluster", "SLA, A/B"],
+                rows,
+            )
+            + chart(src, "ab_interference.png", "A/B against whole-cluster runs"),
+        )
+    for rel, command in (
+        ("drift.json", "python bench/drift.py --seeds 6"),
+        (
+            "drift_replace_kl01/drift.json",
+            "python bench/drift.py --replace-challenger --target-kl 0.1",
+        ),
+    ):
         if not (src := load(rel)):
             continue
         s = src.data["summary"]
-        rows = [[f"`{arm}`", num(s["pre_drift_sla"][arm], 3), num(s["post_drift_sla"][arm], 3),
-                 num(s["final_hour_sla"][arm], 3)] for arm in s["pre_drift_sla"]]
+        rows = [
+            [
+                f"`{arm}`",
+                num(s["pre_drift_sla"][arm], 3),
+                num(s["post_drift_sla"][arm], 3),
+                num(s["final_hour_sla"][arm], 3),
+            ]
+            for arm in s["pre_drift_sla"]
+        ]
         cfg = src.data["config"]
-        out += section(f"Drift: `{rel}`",
-                       f"{cfg['seeds']} seeds \u00d7 {cfg['hours']} simulated hours; at minute "
-                       f"{cfg['drift_at_min']:.0f} a quarter of the nodes turn "
-                       f"{cfg['drift']['slowdown']}{X} slower, unannounced. Rounds {s['rounds']}, "
-                       f"promotions {s['promotions']}, rollbacks {s['rollbacks']}.", src, command,
-                       table(["arm", "SLA before", "SLA after", "SLA final hour"], rows)
-                       + chart(src, "drift.png", "SLA over simulated time"))
+        out += section(
+            f"Drift: `{rel}`",
+            f"{cfg['seeds']} seeds \u00d7 {cfg['hours']} simulated hours; at minute "
+            f"{cfg['drift_at_min']:.0f} a quarter of the nodes turn "
+            f"{cfg['drift']['slowdown']}{X} slower, unannounced. Rounds {s['rounds']}, "
+            f"promotions {s['promotions']}, rollbacks {s['rollbacks']}.",
+            src,
+            command,
+            table(["arm", "SLA before", "SLA after", "SLA final hour"], rows)
+            + chart(src, "drift.png", "SLA over simulated time"),
+        )
     if src := load("switch_time.json"):
         s, i = src.data["summary"], src.data["integrity"]
-        rows = [["switches within 1 s", f"{s['within_target']} of {s['switches']}"],
-                ["p50 / max s", f"{s['switch_s_p50']:.3f} / {s['switch_s_max']:.3f}"],
-                ["alias write → notice (p50 s)", f"{s['alias_to_notice_s_p50']:.3f}"],
-                ["notice → swapped (p50 s)", f"{s['notice_to_swapped_s_p50']:.3f}"],
-                ["tasks asked / decided", f"{i['tasks_asked']:,} / {i['tasks_decided']:,}"],
-                ["lost / decided twice", f"{i['lost']} / {i['decided_twice']}"]]
-        out += section("Switch time",
-                       "From the champion alias write to every replica serving the new version, "
-                       "under live traffic (two `dagsched daemon` processes).", src,
-                       "python bench/switch_time.py", table(["", "measured"], rows))
+        rows = [
+            ["switches within 1 s", f"{s['within_target']} of {s['switches']}"],
+            ["p50 / max s", f"{s['switch_s_p50']:.3f} / {s['switch_s_max']:.3f}"],
+            ["alias write → notice (p50 s)", f"{s['alias_to_notice_s_p50']:.3f}"],
+            ["notice → swapped (p50 s)", f"{s['notice_to_swapped_s_p50']:.3f}"],
+            ["tasks asked / decided", f"{i['tasks_asked']:,} / {i['tasks_decided']:,}"],
+            ["lost / decided twice", f"{i['lost']} / {i['decided_twice']}"],
+        ]
+        out += section(
+            "Switch time",
+            "From the champion alias write to every replica serving the new version, "
+            "under live traffic (two `dagsched daemon` processes).",
+            src,
+            "python bench/switch_time.py",
+            table(["", "measured"], rows),
+        )
     return out
 
 
 def speed_page() -> list[str]:
-    out = ["# Speed", "",
-           "Throughput and latency on the project's shared 2-core CI machine: figures move "
-           "±30% with what else runs there; compare runs made in the same minutes.", ""]
-    for rel, command in (("sim_speed.json", "python bench/sim_speed.py --repeats 3"),
-                         ("sim_speed_backfill.json", "python bench/sim_speed.py --repeats 3 "
-                          "--out bench/results/sim_speed_backfill.json")):
+    out = [
+        "# Speed",
+        "",
+        "Throughput and latency on the project's shared 2-core CI machine: figures move "
+        "±30% with what else runs there; compare runs made in the same minutes.",
+        "",
+    ]
+    for rel, command in (
+        ("sim_speed.json", "python bench/sim_speed.py --repeats 3"),
+        (
+            "sim_speed_backfill.json",
+            "python bench/sim_speed.py --repeats 3 --out bench/results/sim_speed_backfill.json",
+        ),
+    ):
         if src := load(rel):
-            rows = [[num(r["nodes"]), num(r["placements"]), num(r["placements_per_s"]),
-                     f"{num(r['placements_per_s_min'])} \u2013 {num(r['placements_per_s_max'])}"]
-                    for r in src.data["speed"]]
+            rows = [
+                [
+                    num(r["nodes"]),
+                    num(r["placements"]),
+                    num(r["placements_per_s"]),
+                    f"{num(r['placements_per_s_min'])} \u2013 {num(r['placements_per_s_max'])}",
+                ]
+                for r in src.data["speed"]
+            ]
             mem = ", ".join(f"{m['traced_mib']:.1f}" for m in src.data["memory"])
-            out += section(f"Simulator: `{rel}`",
-                           "Placements per wall second on one core, least-loaded, faults on. "
-                           f"Traced memory after each 1,000 workflows of a long run: {mem} MiB.",
-                           src, command,
-                           table(["nodes", "placements", "per s (median)", "min \u2013 max"], rows))
+            out += section(
+                f"Simulator: `{rel}`",
+                "Placements per wall second on one core, least-loaded, faults on. "
+                f"Traced memory after each 1,000 workflows of a long run: {mem} MiB.",
+                src,
+                command,
+                table(["nodes", "placements", "per s (median)", "min \u2013 max"], rows),
+            )
     if src := load("train_speed.json"):
         d = src.data
-        out += section("Training", "PPO updates with their rollouts, default settings.", src,
-                       "python bench/train_speed.py",
-                       table(["device", "threads", "updates/s", "decisions/s"],
-                             [[d["device"], d["threads"], num(d["updates_per_s"], 2),
-                               num(d["decisions_per_s"])]]))
+        out += section(
+            "Training",
+            "PPO updates with their rollouts, default settings.",
+            src,
+            "python bench/train_speed.py",
+            table(
+                ["device", "threads", "updates/s", "decisions/s"],
+                [
+                    [
+                        d["device"],
+                        d["threads"],
+                        num(d["updates_per_s"], 2),
+                        num(d["decisions_per_s"]),
+                    ]
+                ],
+            ),
+        )
     if src := load("inference_speed.json"):
-        out += section("Inference", "The shipped model on the default 32-node cluster: one "
-                       "forward pass per batch (`batched`, `compiled` with torch.compile) and "
-                       "`GNNScheduler.place` as the daemon calls it (`served`).", src,
-                       "python bench/inference_speed.py",
-                       table(["batch", "batched /s", "compiled /s", "served /s"],
-                             ([r["batch"], num(r["batched_decisions_per_s"]),
-                               num(r["compiled_decisions_per_s"]),
-                               num(r["served_decisions_per_s"])] for r in src.data["rows"])))
+        out += section(
+            "Inference",
+            "The shipped model on the default 32-node cluster: one "
+            "forward pass per batch (`batched`, `compiled` with torch.compile) and "
+            "`GNNScheduler.place` as the daemon calls it (`served`).",
+            src,
+            "python bench/inference_speed.py",
+            table(
+                ["batch", "batched /s", "compiled /s", "served /s"],
+                (
+                    [
+                        r["batch"],
+                        num(r["batched_decisions_per_s"]),
+                        num(r["compiled_decisions_per_s"]),
+                        num(r["served_decisions_per_s"]),
+                    ]
+                    for r in src.data["rows"]
+                ),
+            ),
+        )
     if src := load("explain_speed.json"):
-        out += section("Explaining a decision", "`explain_observation` on one decision of the "
-                       "default cluster, imports and model loading excluded.", src,
-                       "python bench/explain_speed.py",
-                       table(["targets", "heatmap", "threads", "median s", "min s", "max s"],
-                             ([r["targets"], num(r["heatmap"]), r["threads"],
-                               num(r["median_s"], 2), num(r["min_s"], 2), num(r["max_s"], 2)]
-                              for r in src.data["rows"])))
+        out += section(
+            "Explaining a decision",
+            "`explain_observation` on one decision of the "
+            "default cluster, imports and model loading excluded.",
+            src,
+            "python bench/explain_speed.py",
+            table(
+                ["targets", "heatmap", "threads", "median s", "min s", "max s"],
+                (
+                    [
+                        r["targets"],
+                        num(r["heatmap"]),
+                        r["threads"],
+                        num(r["median_s"], 2),
+                        num(r["min_s"], 2),
+                        num(r["max_s"], 2),
+                    ]
+                    for r in src.data["rows"]
+                ),
+            ),
+        )
     if src := load("map_burst.json"):
-        out += section("A map stage on the served path", "`width` ready siblings of one "
-                       "workflow placed in batches of 64.", src, "python bench/map_burst.py",
-                       table(["width", "seconds", "decisions/s (fast path)",
-                              "decisions/s (plain forward)"],
-                             ([num(r["width"]), num(r["fast_s"], 3), num(r["fast_per_s"]),
-                               num(r["plain_per_s"])] for r in src.data["rows"])))
+        out += section(
+            "A map stage on the served path",
+            "`width` ready siblings of one workflow placed in batches of 64.",
+            src,
+            "python bench/map_burst.py",
+            table(
+                ["width", "seconds", "decisions/s (fast path)", "decisions/s (plain forward)"],
+                (
+                    [
+                        num(r["width"]),
+                        num(r["fast_s"], 3),
+                        num(r["fast_per_s"]),
+                        num(r["plain_per_s"]),
+                    ]
+                    for r in src.data["rows"]
+                ),
+            ),
+        )
     if src := load("daemon_burst.json"):
-        out += section("A map stage through the daemon", "From the first `task_ready` handed to "
-                       "the producer to the last decision read back.", src,
-                       "python bench/daemon_burst.py",
-                       table(["width", "first decision s", "last decision s", "decisions/s"],
-                             ([num(r["width"]), num(r["first_decision_s"], 3),
-                               num(r["last_decision_s"], 3), num(r["per_s"])]
-                              for r in src.data["rows"])))
-    for rel, command in (("daemon_throughput.json", "python bench/daemon_throughput.py --json"),
-                         ("daemon_throughput_quick.json",
-                          "python bench/daemon_throughput.py --quick --json")):
+        out += section(
+            "A map stage through the daemon",
+            "From the first `task_ready` handed to the producer to the last decision read back.",
+            src,
+            "python bench/daemon_burst.py",
+            table(
+                ["width", "first decision s", "last decision s", "decisions/s"],
+                (
+                    [
+                        num(r["width"]),
+                        num(r["first_decision_s"], 3),
+                        num(r["last_decision_s"], 3),
+                        num(r["per_s"]),
+                    ]
+                    for r in src.data["rows"]
+                ),
+            ),
+        )
+    for rel, command in (
+        ("daemon_throughput.json", "python bench/daemon_throughput.py --json"),
+        ("daemon_throughput_quick.json", "python bench/daemon_throughput.py --quick --json"),
+    ):
         if src := load(rel):
             out += throughput_section(src, rel, command)
-    for rel, command in (("soak.json", "python bench/soak.py"),
-                         ("soak_quick.json", "python bench/soak.py --quick")):
+    for rel, command in (
+        ("soak.json", "python bench/soak.py"),
+        ("soak_quick.json", "python bench/soak.py --quick"),
+    ):
         if src := load(rel):
             out += soak_section(src, rel, src.data.get("command", command))
     return out
@@ -463,22 +722,55 @@ def soak_section(src: Source, rel: str, command: str) -> list[str]:
             return f"{x / mib:.2f} MiB"
         return num(x, 0 if isinstance(x, int) else 2)
 
-    targets = [[f"`{k}`", value(k, v["measured"]),
-                f"{'≥' if k == 'decided_vs_offered' else '≤'} {value(k, v['bound'])}",
-                num(v["met"])] for k, v in d["summary"]["targets"].items()]
-    rows = [[f"{p['from_s'] / 60:.1f}{DASH}{p['to_s'] / 60:.1f}", num(p["decided_per_s"]),
-             num(p["p50_ms"]), num(p["p99_ms"]), num(p["lag_max_s"], 2),
-             num((p["daemon_rss"] or 0) / mib), num((p["redis_used_memory"] or 0) / mib),
-             num(p["cpu_cores"].get("broker"), 2)] for p in d["periods"]]
-    what = (f"One `dagsched daemon` and one `dagsched updater` under {num(st['rate'])} tasks/s "
-            f"for {st['seconds'] / 60:g} minutes, workflows whose tasks become ready as their "
-            f"parents finish ([the soak](../operations/soak.md)); broker: {st.get('broker', '')}. "
-            f"Warm-up: the first {num(st['warmup_s'])} s.")
-    return section(f"Soak: `{rel}`", what, src, command,
-                   table(["target", "measured", "bound", "met"], targets)
-                   + table(["minutes", "decided/s", "p50 ms", "p99 ms", "lag max s",
-                            "daemon RSS MiB", "Redis MiB", "broker CPU"], rows)
-                   + chart(src, Path(rel).with_suffix(".png").name, f"soak over time ({rel})"))
+    targets = [
+        [
+            f"`{k}`",
+            value(k, v["measured"]),
+            f"{'≥' if k == 'decided_vs_offered' else '≤'} {value(k, v['bound'])}",
+            num(v["met"]),
+        ]
+        for k, v in d["summary"]["targets"].items()
+    ]
+    rows = [
+        [
+            f"{p['from_s'] / 60:.1f}{DASH}{p['to_s'] / 60:.1f}",
+            num(p["decided_per_s"]),
+            num(p["p50_ms"]),
+            num(p["p99_ms"]),
+            num(p["lag_max_s"], 2),
+            num((p["daemon_rss"] or 0) / mib),
+            num((p["redis_used_memory"] or 0) / mib),
+            num(p["cpu_cores"].get("broker"), 2),
+        ]
+        for p in d["periods"]
+    ]
+    what = (
+        f"One `dagsched daemon` and one `dagsched updater` under {num(st['rate'])} tasks/s "
+        f"for {st['seconds'] / 60:g} minutes, workflows whose tasks become ready as their "
+        f"parents finish ([the soak](../operations/soak.md)); broker: {st.get('broker', '')}. "
+        f"Warm-up: the first {num(st['warmup_s'])} s."
+    )
+    return section(
+        f"Soak: `{rel}`",
+        what,
+        src,
+        command,
+        table(["target", "measured", "bound", "met"], targets)
+        + table(
+            [
+                "minutes",
+                "decided/s",
+                "p50 ms",
+                "p99 ms",
+                "lag max s",
+                "daemon RSS MiB",
+                "Redis MiB",
+                "broker CPU",
+            ],
+            rows,
+        )
+        + chart(src, Path(rel).with_suffix(".png").name, f"soak over time ({rel})"),
+    )
 
 
 def throughput_section(src: Source, rel: str, command: str) -> list[str]:
@@ -487,39 +779,71 @@ def throughput_section(src: Source, rel: str, command: str) -> list[str]:
     rows = []
     for name, c in configs.items():
         lat = c.get("latency", {})
-        cells = [f"{num(lat[r]['p50_ms'])} / {num(lat[r]['p99_ms'])}" if r in lat else "\u2013"
-                 for r in rates]
-        rows.append([f"`{name}`", num(c["saturation"]["per_s"]),
-                     num(c["saturation"].get("replica_cpu_us")), *cells])
+        cells = [
+            f"{num(lat[r]['p50_ms'])} / {num(lat[r]['p99_ms'])}" if r in lat else "\u2013"
+            for r in rates
+        ]
+        rows.append(
+            [
+                f"`{name}`",
+                num(c["saturation"]["per_s"]),
+                num(c["saturation"].get("replica_cpu_us")),
+                *cells,
+            ]
+        )
     served = ", ".join(f"{num(r['per_s'])} at {num(r['nodes'])} nodes" for r in src.data["served"])
     met = src.data["summary"].get("targets_met", {})
-    return section(f"Daemon throughput: `{rel}`",
-                   "Decisions per second through the daemon against a passthrough (the "
-                   "daemon's Kafka path with no policy and no Redis), and latency under paced "
-                   f"load. Served path alone: {served} decisions/s. Redis: "
-                   f"{num(src.data['summary'].get('redis_bytes_per_decision'))} bytes per "
-                   "decision.", src, command,
-                   table(["configuration", "decisions/s", "replica CPU µs / decision",
-                          *[f"p50 / p99 ms at {int(r):,}/s" for r in rates]], rows)
-                   + table(["target", "met"], ([f"`{k}`", num(v)] for k, v in met.items())))
+    return section(
+        f"Daemon throughput: `{rel}`",
+        "Decisions per second through the daemon against a passthrough (the "
+        "daemon's Kafka path with no policy and no Redis), and latency under paced "
+        f"load. Served path alone: {served} decisions/s. Redis: "
+        f"{num(src.data['summary'].get('redis_bytes_per_decision'))} bytes per "
+        "decision.",
+        src,
+        command,
+        table(
+            [
+                "configuration",
+                "decisions/s",
+                "replica CPU µs / decision",
+                *[f"p50 / p99 ms at {int(r):,}/s" for r in rates],
+            ],
+            rows,
+        )
+        + table(["target", "met"], ([f"`{k}`", num(v)] for k, v in met.items())),
+    )
 
 
 def index_page(pages: dict[str, list[str]]) -> list[str]:
-    out = ["# Results", "",
-           "Generated from `bench/results/*.json` by `tools/results_pages.py` on every docs "
-           "build: each table names the command that made it, the commit it measured and the "
-           "date. To refresh one, run its command and rebuild the docs (`make docs`).", "",
-           "| page | results |", "|---|---|"]
+    out = [
+        "# Results",
+        "",
+        "Generated from `bench/results/*.json` by `tools/results_pages.py` on every docs "
+        "build: each table names the command that made it, the commit it measured and the "
+        "date. To refresh one, run its command and rebuild the docs (`make docs`).",
+        "",
+        "| page | results |",
+        "|---|---|",
+    ]
     for name, lines in pages.items():
-        files = sorted({ln.rsplit("`", 2)[-2] for ln in lines if ln.startswith("`python")
-                        or ln.startswith("`dagsched")})
+        files = sorted(
+            {
+                ln.rsplit("`", 2)[-2]
+                for ln in lines
+                if ln.startswith("`python") or ln.startswith("`dagsched")
+            }
+        )
         title = lines[0].removeprefix("# ")
         out.append(f"| [{title}]({name}.md) | {', '.join(f'`{f}`' for f in files)} |")
-    return [*out, "",
-            "Experiment logs and one-off studies are in `experiments/` and `CHANGELOG.md`; "
-            "the daemon's step-by-step speed history in "
-            "`bench/results/daemon_throughput_history.md`.",
-            ""]
+    return [
+        *out,
+        "",
+        "Experiment logs and one-off studies are in `experiments/` and `CHANGELOG.md`; "
+        "the daemon's step-by-step speed history in "
+        "`bench/results/daemon_throughput_history.md`.",
+        "",
+    ]
 
 
 PAGE_BUILDERS: dict[str, Callable[[], list[str]]] = {
@@ -568,38 +892,59 @@ def readme_block() -> list[str]:
     if src is None:
         return ["No results yet: run the command below."]
     rows = {(r["policy"], r["scenario"]): r for r in src.data}
-    loads = sorted({r["scenario"] for r in src.data if r["scenario"].startswith("load:")},
-                   key=lambda s: float(s.split(":")[1]))
+    loads = sorted(
+        {r["scenario"] for r in src.data if r["scenario"].startswith("load:")},
+        key=lambda s: float(s.split(":")[1]),
+    )
     body = []
     for policy in dict.fromkeys(r["policy"] for r in src.data):
-        cells = [f"{num(rows[policy, x]['sla_attainment'], 3)} / "
-                 f"{num(rows[policy, x]['mean_jct_s'])}" for x in loads if (policy, x) in rows]
+        cells = [
+            f"{num(rows[policy, x]['sla_attainment'], 3)} / {num(rows[policy, x]['mean_jct_s'])}"
+            for x in loads
+            if (policy, x) in rows
+        ]
         body.append([f"`{policy}`", *cells])
-    out = [f"SLA attainment / mean JCT (s) at steady state: 3 held-out seeds {X} 200 "
-           "workflows per load, hidden truth, faults on. The shipped champion is the learned "
-           "policy's starting point, which decides exactly as `heft_history_srpt`:", "",
-           *table(["policy", *[f"load {x.split(':')[1]}" for x in loads]], body)]
+    out = [
+        f"SLA attainment / mean JCT (s) at steady state: 3 held-out seeds {X} 200 "
+        "workflows per load, hidden truth, faults on. The shipped champion is the learned "
+        "policy's starting point, which decides exactly as `heft_history_srpt`:",
+        "",
+        *table(["policy", *[f"load {x.split(':')[1]}" for x in loads]], body),
+    ]
     failing = sorted({r["policy"] for r in src.data if r.get("workflows_failed", 0) >= 1})
     if failing:
-        out += ["Mean JCT counts completed workflows; "
-                + ", ".join(f"`{p}`" for p in failing)
-                + " also failed workflows outright (out of retries after OOM kills), which "
-                "its SLA attainment counts.", ""]
+        out += [
+            "Mean JCT counts completed workflows; "
+            + ", ".join(f"`{p}`" for p in failing)
+            + " also failed workflows outright (out of retries after OOM kills), which "
+            "its SLA attainment counts.",
+            "",
+        ]
     out += [src.stamp_line(EVAL_COMMAND), ""]
     if head := load("ppo_headroom.json"):
-        fifo = {r["scenario"]: r["mean_jct_s"] for r in head.data["rows"]
-                if r["policy"] == "heft_history"}
+        fifo = {
+            r["scenario"]: r["mean_jct_s"]
+            for r in head.data["rows"]
+            if r["policy"] == "heft_history"
+        }
         best = {r["scenario"]: r for r in head.data["rows"] if r["policy"] == "heft_history_srpt"}
-        oracle = {r["scenario"]: r for r in head.data["rows"]
-                  if r["policy"] == "oracle_res_runtime_srpt"}
-        parts = [f"at {s.split(':')[1]} perfect information on top of SRPT ordering reaches "
-                 f"{num(oracle[s]['mean_jct_s'])} s against `heft_history_srpt`'s "
-                 f"{num(best[s]['mean_jct_s'])} s and FIFO `heft_history`'s {num(fifo[s])} s"
-                 for s in sorted(oracle) if s in best and s in fifo]
+        oracle = {
+            r["scenario"]: r for r in head.data["rows"] if r["policy"] == "oracle_res_runtime_srpt"
+        }
+        parts = [
+            f"at {s.split(':')[1]} perfect information on top of SRPT ordering reaches "
+            f"{num(oracle[s]['mean_jct_s'])} s against `heft_history_srpt`'s "
+            f"{num(best[s]['mean_jct_s'])} s and FIFO `heft_history`'s {num(fifo[s])} s"
+            for s in sorted(oracle)
+            if s in best and s in fifo
+        ]
         if parts:
-            out += ["The headroom a learned policy has to find: " + "; ".join(parts) + ".", "",
-                    head.stamp_line(head.data.get("command", "python bench/ppo_headroom.py")),
-                    ""]
+            out += [
+                "The headroom a learned policy has to find: " + "; ".join(parts) + ".",
+                "",
+                head.stamp_line(head.data.get("command", "python bench/ppo_headroom.py")),
+                "",
+            ]
     return out
 
 
@@ -615,8 +960,11 @@ def draw_chart(path: Path) -> None:
         return
     fig, ax = plt.subplots(figsize=(6.4, 3.6), dpi=100)
     for k, policy in enumerate(dict.fromkeys(r["policy"] for r in src.data)):
-        pts = sorted((float(r["scenario"].split(":")[1]), r["mean_jct_s"]) for r in src.data
-                     if r["policy"] == policy and r["scenario"].startswith("load:"))
+        pts = sorted(
+            (float(r["scenario"].split(":")[1]), r["mean_jct_s"])
+            for r in src.data
+            if r["policy"] == policy and r["scenario"].startswith("load:")
+        )
         style = {"linestyle": "--", "marker": "x", "zorder": 3} if k == 0 else {"marker": "o"}
         ax.plot([p[0] for p in pts], [p[1] for p in pts], label=policy, **style)
     ax.set_xlabel("load (share of the cluster a good scheduler keeps reserved)")

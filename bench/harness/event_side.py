@@ -245,9 +245,7 @@ class Feeder:
         self.arrived: dict[tuple[str, int], float] = {}
         self.newest_at = 0.0  # job-queue time of the newest event produced
         # per partition: offsets acked, and their events' times
-        self.delivered: dict[int, tuple[list[int], list[float]]] = defaultdict(
-            lambda: ([], [])
-        )
+        self.delivered: dict[int, tuple[list[int], list[float]]] = defaultdict(lambda: ([], []))
         self.events = 0
         self._ends: list[tuple[float, int, Any]] = []
         self._stop = threading.Event()

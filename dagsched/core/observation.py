@@ -173,9 +173,7 @@ def observation_from_dict(d: dict[str, Any]) -> Observation:
 ANCHOR_FLOOR = 0.02  # the head clamps its anchor (the base in unit space) to [floor, 1 - floor]
 
 
-def base_action(
-    cpu_f: np.ndarray, mem_f: np.ndarray, priority: np.ndarray | float
-) -> np.ndarray:
+def base_action(cpu_f: np.ndarray, mem_f: np.ndarray, priority: np.ndarray | float) -> np.ndarray:
     """heft_history's action at each node ([..., n] fractions, a priority per task or one):
     [..., n, 4] float32 (CPU, memory, `HEFT_RETRIES`, priority)."""
     shape = np.shape(cpu_f)

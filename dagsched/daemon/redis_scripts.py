@@ -195,7 +195,9 @@ return table.concat(out, '\n')
 # Each is idempotent: an end releases its ledger entry and learns only if the entry is there
 # (then deletes it); a start moves a queued entry to reserved; a node reset or a heartbeat
 # older than the node's last reset (or a heartbeat older than the last one) changes nothing.
-APPLY_EVENTS_LUA = RECORD_FN + r"""
+APPLY_EVENTS_LUA = (
+    RECORD_FN
+    + r"""
 local p, ttl, half, rescale, clock, blob = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4],
   ARGV[5], ARGV[6]
 local touched, wfs = {}, {}
@@ -304,3 +306,4 @@ if clock ~= '' then
 end
 return #wfs
 """
+)

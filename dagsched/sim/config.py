@@ -18,7 +18,6 @@ from dagsched.core.workflow import TASK_TYPE_NAMES
 _FORBID: dict[str, Any] = {"extra": "forbid"}
 
 
-
 def _check(cond: bool, name: str, msg: str) -> None:
     if not cond:
         raise ValueError(f"{name}: {msg}")

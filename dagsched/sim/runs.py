@@ -16,6 +16,7 @@ from dagsched.core.workflow import TaskSpec, Workflow, downward_finish_s, upward
 if TYPE_CHECKING:
     from dagsched.sim.engine import Simulator
 
+
 class TaskState(IntEnum):
     """Where a task is in its life."""
 

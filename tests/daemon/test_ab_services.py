@@ -29,9 +29,7 @@ VIEW_WAIT_MS = 30.0
 
 
 def _fast_views(settings: Settings, **daemon: Any) -> dict[str, Any]:
-    return {
-        "daemon": settings.daemon.model_copy(update={"view_wait_ms": VIEW_WAIT_MS, **daemon})
-    }
+    return {"daemon": settings.daemon.model_copy(update={"view_wait_ms": VIEW_WAIT_MS, **daemon})}
 
 
 def _ab_settings(settings: Settings, **evaluator: Any) -> Settings:

@@ -211,9 +211,7 @@ def test_a_queued_attempt_that_fits_starts_before_a_higher_priority_one_that_doe
         def decide(self, sim: Simulator, ready: list[TaskRun]) -> list[Decision]:
             cpu = {"first": 0.5, "big": 0.9, "small": 0.4}
             prio = {"first": 0.0, "big": 1.0, "small": 0.0}
-            return [
-                Decision(t, 0, cpu[t.run.wf.id], 0.3, 1, prio[t.run.wf.id]) for t in ready
-            ]
+            return [Decision(t, 0, cpu[t.run.wf.id], 0.3, 1, prio[t.run.wf.id]) for t in ready]
 
     sim = Simulator(sc, [first, big, small], keep_log=True)
     sim.run(Sizes())

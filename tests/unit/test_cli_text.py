@@ -133,4 +133,3 @@ def test_the_shift_is_told_by_the_effects_switched_on():
     assert "memory peaks spread 2 times as wide" in both
     assert "up to 1.5 times slower" in both
     assert shift_effects({"oom_restart_s": 0.0, "mem_spread": 1.0}) == "no effect switched on"
-
