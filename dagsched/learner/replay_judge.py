@@ -316,6 +316,12 @@ class WindowReport:
     challenger: list[dict[str, float]] = field(default_factory=list)
     verdict: Verdict | None = None
 
+    @property
+    def gain(self) -> dict[str, float | None]:
+        """This window's mean paired differences (challenger better > 0); None unjudged."""
+        n = len(self.diffs)
+        return {m: sum(d[m] for d in self.diffs) / n if n else None for m in PAIRED_METRICS}
+
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["verdict"] = self.verdict.to_dict() if self.verdict is not None else None

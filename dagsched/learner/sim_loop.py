@@ -40,8 +40,6 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from dagsched.core.workflow import Workflow
 from dagsched.learner.adjustment import Congestion, congestion, covariates
 from dagsched.learner.canary import CanaryRule
@@ -52,7 +50,6 @@ from dagsched.learner.online import FinetuneConfig, finetune_heads, learning_win
 from dagsched.learner.replay_feed import SimFeed
 from dagsched.learner.replay_gate import ReplayGate, replay_verdict
 from dagsched.learner.replay_judge import config_from
-from dagsched.learner.sequential import PAIRED_METRICS
 from dagsched.policy.model import ActorCritic
 from dagsched.policy.scheduler import GNNScheduler
 from dagsched.schemas.ab import workflow_bucket
@@ -333,14 +330,12 @@ class SimLoop:
             obs, pair, judge = nxt
             report = gate.judge_window(obs, pair, judge)
             f = report.fidelity
-            gains = {m: float(np.mean([d[m] for d in report.diffs])) if report.diffs else None
-                     for m in PAIRED_METRICS}  # fmt: skip
             self.windows.append({
                 "at_s": now, "champion": pair[0], "challenger": pair[1], "window": report.window,
                 "decision": report.decision, "reason": report.reason,
                 "jct_err": f.jct_err, "sla_err": f.sla_err,
                 "observed_jct_s": f.observed_jct_s, "predicted_jct_s": f.predicted_jct_s,
-                "gain": gains,  # this window's mean paired differences (challenger better > 0)
+                "gain": report.gain,
             })  # fmt: skip
             if gate.take(report, pair) == "retire":
                 self.act(now, "retire", replay_verdict(report))
