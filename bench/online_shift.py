@@ -200,6 +200,29 @@ def events_doc(seed: int, evs: Sequence[LoopEvent], arrivals: list[float]) -> li
     return out
 
 
+def promoted_shifts(events: Sequence[dict]) -> dict[int, dict[str, float]]:
+    """Per seed whose champion changed, the shifts the final champion's search rounds moved
+    from the shipped one (a round's moves add to those of the version it started from);
+    empty for PPO, whose rounds move weights, not shifts."""
+    out: dict[int, dict[str, float]] = {}
+    for seed in sorted({e["seed"] for e in events}):
+        evs = [e for e in events if e["seed"] == seed]
+        shifts: dict[str, dict[str, float]] = {"v1": {}}
+        for e in evs:
+            if e["kind"] == "round":
+                m = e["metrics"]
+                own = shifts.get(m.get("from", e["champion"]), {}).copy()
+                for k, v in m.items():
+                    if k.startswith("search/shift_"):
+                        name = k.removeprefix("search/shift_")
+                        own[name] = round(own.get(name, 0.0) + v, 6)
+                shifts[e["version"]] = own
+        final = evs[-1]["champion"] if evs else "v1"
+        if final != "v1" and shifts.get(final):
+            out[seed] = shifts[final]
+    return out
+
+
 def windows_doc(seed: int, windows: Sequence[dict], arrivals: list[float]) -> list[dict]:
     """The loop's judged windows, with the arrivals by the time each was judged."""
     return [
@@ -308,6 +331,7 @@ def main() -> None:
         keep_learning=args.keep_learning,
         min_rounds=args.min_rounds,
         learner=args.learner,
+        search=s.learner.search,
     )
     wl = replace(s.sim.workload, workflows=args.workflows)
     if args.load is not None:
@@ -361,6 +385,7 @@ def main() -> None:
     summary["rounds"] = sum(e["kind"] == "round" for e in events)
     summary["seeds_with_promotion"] = len(first)
     summary["workflows_to_promotion"] = [first[k]["arrived"] for k in sorted(first)]
+    summary["promoted_shifts"] = promoted_shifts(events)
     summary["judge"] = judge
     if judge == "replay":
         rs = replay_summary(windows, shift_at, ev.replay.fidelity_max_jct_err)

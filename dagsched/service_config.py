@@ -199,7 +199,10 @@ class HeadSearchSettings(_Strict):
     min_gain: float = Field(default=0.01, ge=0, lt=1)  # a kept move lowers mean JCT this share
     # and keeps the replayed SLA within this of the start's
     max_sla_loss: float = Field(default=0.01, ge=0, le=1)
-    replays: int = Field(default=1, ge=1, le=100)  # per recorded window, per candidate
+    replays: int = Field(default=2, ge=1, le=100)  # per recorded window, per candidate
+    # a kept move wins play by play: its paired gain's one-sided lower bound at this
+    # confidence is above zero (0: the means alone decide)
+    confidence: float = Field(default=0.9, ge=0, lt=1)
 
     @model_validator(mode="after")
     def _steps(self) -> HeadSearchSettings:

@@ -123,4 +123,6 @@ def table(doc: dict) -> None:
             f"replay judge: windows {s['replay_verdicts']}; fidelity (mean JCT error) "
             f"median {med}, max {top}, {fe['over_limit']} of {fe['windows']} over {fe['limit']:.0%}"
         )
+    if s.get("promoted_shifts"):
+        c.print(f"promoted shifts per seed (logit): {s['promoted_shifts']}")
     c.print(f"targets: {s['targets']}")

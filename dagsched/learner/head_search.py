@@ -13,10 +13,13 @@ the memory shift by 0.001 to 0.01 where 0.4 was worth 12% of the mean JCT
 `search_shifts` searches those biases directly: from the current model, it tries each
 value's shift up and down by a step, keeps a move that lowers the mean JCT by at least
 `min_gain` without losing more than `max_sla_loss` of SLA against the start, and halves the
-step once no move does. A candidate is scored over recorded windows replayed with common
-random numbers (`replay_score`): the same calibrated replays the judge promotes on, built
-only from what serving knew, and its JCT counted as the judge counts it (a workflow that ran
-out of retries at least two deadlines, so that failing early never looks fast). Everything
+step once no move does. A best of 16 candidates on a few replays wins on noise alone, so
+where the score gives its plays a move must also win them consistently: the one-sided lower
+confidence bound (Student's t, `confidence`) of its per-play paired gain must be above
+zero. A candidate is scored over recorded windows replayed with common random numbers
+(`replay_score`): the same calibrated replays the judge promotes on, built only from what
+serving knew, and its JCT counted as the judge counts it (a workflow that ran out of
+retries at least two deadlines, so that failing early never looks fast). Everything
 but the output bias of the continuous head is left bitwise as it was.
 """
 
@@ -29,6 +32,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
+from scipy import stats
 
 from dagsched.core.bounds import ACTION_NAMES
 from dagsched.learner.replay_judge import ObservedWindow, replay_seed
@@ -43,10 +47,13 @@ from dagsched.sim.snapshot import SchedulerPolicy
 
 class Scored(NamedTuple):
     """What a candidate did over the search's replays: mean JCT as versions are judged (a
-    failed workflow at least two deadlines, `ReplayResult.judged_jct_s`), and SLA."""
+    failed workflow at least two deadlines, `ReplayResult.judged_jct_s`), and SLA; `per`,
+    each play's judged JCT in the same order for every candidate (common random numbers),
+    when the score has plays to pair."""
 
     jct_s: float
     sla: float
+    per: tuple[float, ...] = ()
 
 
 Score = Callable[[ActorCritic], Scored]
@@ -108,7 +115,9 @@ def search_shifts(
     moved: dict[str, float] = dict.fromkeys(cfg.heads, 0.0)
     best = start = score(model)
     floor = start.sla - cfg.max_sla_loss
-    trace: list[dict[str, Any]] = [{"moved": dict(moved), **start._asdict(), "kept": True}]
+    trace: list[dict[str, Any]] = [
+        {"moved": dict(moved), "jct_s": start.jct_s, "sla": start.sla, "kept": True}
+    ]
     step = cfg.step
     while step >= cfg.min_step - 1e-12 and len(trace) < cfg.max_evals:
         gained = False
@@ -118,8 +127,12 @@ def search_shifts(
                     break
                 cand = {**moved, name: moved[name] + sign * step}
                 s = score(with_shifts(model, cand))
-                kept = s.jct_s < best.jct_s * (1 - cfg.min_gain) and s.sla >= floor - 1e-12
-                trace.append({"moved": cand, **s._asdict(), "kept": kept})
+                kept = (
+                    s.jct_s < best.jct_s * (1 - cfg.min_gain)
+                    and s.sla >= floor - 1e-12
+                    and consistent(s, best, cfg.confidence)
+                )
+                trace.append({"moved": cand, "jct_s": s.jct_s, "sla": s.sla, "kept": kept})
                 if kept:
                     best, moved, gained = s, cand, True
                     break  # the other way cannot gain too; on to the next value
@@ -127,6 +140,20 @@ def search_shifts(
             step /= 2
     moved = {k: v for k, v in moved.items() if v != 0.0}
     return SearchResult(with_shifts(model, moved), moved, start, best, len(trace), trace)
+
+
+def consistent(cand: Scored, best: Scored, confidence: float) -> bool:
+    """Whether `cand` beats `best` play by play: the one-sided lower `confidence` bound of
+    the mean paired relative gain (1 - cand / best per play) is above zero. True when the
+    scores hold fewer than two paired plays, or `confidence` is 0."""
+    n = len(cand.per)
+    if confidence <= 0 or n < 2 or len(best.per) != n:
+        return True
+    gain = 1.0 - np.asarray(cand.per) / np.maximum(np.asarray(best.per), 1e-9)
+    sd = float(gain.std(ddof=1))
+    if sd == 0.0:
+        return float(gain.mean()) > 0
+    return float(gain.mean()) - float(stats.t.ppf(confidence, n - 1)) * sd / np.sqrt(n) > 0
 
 
 class WindowSearch:
@@ -180,7 +207,7 @@ def replay_score(
             for index, world in worlds
             for s in (replay_seed(seed, index, k) for k in range(replays))
         ]
-        jct = float(np.mean([r.judged_jct_s for r in runs]))
-        return Scored(jct, float(np.mean([r.sla for r in runs])))
+        per = tuple(r.judged_jct_s for r in runs)
+        return Scored(float(np.mean(per)), float(np.mean([r.sla for r in runs])), per)
 
     return score

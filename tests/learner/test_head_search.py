@@ -124,3 +124,26 @@ def test_a_faster_move_that_loses_sla_is_not_kept(champion: GNNScheduler) -> Non
     assert search_shifts(champion.model, score, cfg).moved == {}
     loose = cfg.model_copy(update={"max_sla_loss": 0.05})
     assert search_shifts(champion.model, score, loose).moved == {"mem": pytest.approx(-0.8)}
+
+
+def test_a_move_that_wins_on_the_mean_but_not_play_by_play_is_not_kept(
+    champion: GNNScheduler,
+) -> None:
+    """A best of many candidates wins a few replays on noise: a move that shortens the mean
+    by one lucky play, and lengthens the others, is not kept; one that wins every play is."""
+    start = _shift(champion.model, "mem")
+
+    def lucky(model: ActorCritic) -> Scored:  # raising memory: one play far shorter
+        up = _shift(model, "mem") > start + 1e-9
+        per = (500.0, 1020.0, 1030.0, 1010.0) if up else (1000.0,) * 4
+        return Scored(float(sum(per) / 4), 1.0, per)
+
+    def steady(model: ActorCritic) -> Scored:  # raising memory: every play 5% shorter
+        up = _shift(model, "mem") > start + 1e-9
+        per = (950.0, 948.0, 953.0, 951.0) if up else (1000.0,) * 4
+        return Scored(float(sum(per) / 4), 1.0, per)
+
+    cfg = HeadSearchSettings(heads=("mem",), step=0.4, min_step=0.4, confidence=0.9)
+    assert search_shifts(champion.model, lucky, cfg).moved == {}
+    assert search_shifts(champion.model, lucky, cfg.model_copy(update={"confidence": 0.0})).moved
+    assert search_shifts(champion.model, steady, cfg).moved == {"mem": pytest.approx(0.4)}
