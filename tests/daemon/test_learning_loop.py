@@ -151,7 +151,7 @@ def test_a_search_learner_registers_the_shifts_its_recorded_windows_favour(
         **{
             "learner.method": "search",
             "learner.search.heads": ["mem"],
-            "learner.search.step": 1.5, "learner.search.min_step": 1.5,
+            "learner.search.step": 3.0, "learner.search.min_step": 3.0,
             "learner.search.max_evals": 3,
             "evaluator.replay.window_workflows": 20, "evaluator.replay.warmup_workflows": 10,
         },
