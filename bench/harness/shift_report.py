@@ -32,9 +32,10 @@ def _stats(ws: Sequence[WorkflowResult]) -> dict[str, Any]:
 def summarize_arm(
     runs: Sequence[Sequence[WorkflowResult]], shift_at: dict[int, float], width: int
 ) -> dict[str, Any]:
-    """Before/after the shift (by arrival) and per bucket of `width` arrivals, seeds pooled."""
+    """Before/after the shift (by arrival) and per bucket of `width` arrivals, seeds pooled.
+    `runs` are in the order of `shift_at`'s seeds (a run may start at any seed)."""
     before, after, buckets = [], [], {}
-    for seed, res in enumerate(runs):
+    for seed, res in zip(shift_at, runs, strict=True):
         for i, w in enumerate(res):
             (after if w.arrival_s >= shift_at[seed] else before).append(w)
             buckets.setdefault(i // width, []).append(w)
