@@ -10,6 +10,12 @@ with common random numbers, fidelity first, then the paired mSPRT). Reported: th
 whole-cluster effect (the variant serving everything, as `ab_interference`), the first
 verdict and after how many workflows, each window's fidelity, and the A/A verdicts.
 
+The copy is the variant's path with a zero shift: its reservations go through the same
+logit round trip and differ from the champion's by float error only. On a loaded cluster
+that is enough for the replays to diverge by several percent per replay, so the A/A tests
+the judge against changes worth nothing, which is harder than a bit-identical copy (that
+one replays identically under common random numbers and can never be promoted).
+
     .venv/bin/python bench/replay_interference.py [--quick] [--json] [--seeds 2]
         [--workflows 500] [--replays 8] [--warmup 200] [--window 100] [--shift -0.4]
         [--max-jct-err 0.15] [--baseline] [--out DIR]
