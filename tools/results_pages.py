@@ -327,6 +327,8 @@ def evaluation_page() -> list[str]:
 ONLINE_SHIFT = {
     "online_shift_search/online_shift.json": "python bench/online_shift.py --seeds 1 "
     "--learner search --out bench/results/online_shift_search",
+    "online_shift_search_seed1/online_shift.json": "python bench/online_shift.py --seeds 1 "
+    "--first-seed 1 --learner search --out bench/results/online_shift_search_seed1",
     "online_shift_search_quick/online_shift.json": "python bench/online_shift.py --quick "
     "--learner search --out bench/results/online_shift_search_quick",
     "online_shift.json": "python bench/online_shift.py --seeds 1",
