@@ -203,6 +203,10 @@ class HeadSearchSettings(_Strict):
     # a kept move wins play by play: its paired gain's one-sided lower bound at this
     # confidence is above zero (0: the means alone decide)
     confidence: float = Field(default=0.9, ge=0, lt=1)
+    # while a challenger is under test, each window that closes after it was registered is
+    # searched too (when the challenger does not beat its champion there): a move that beats
+    # the challenger there replaces it, and its test restarts
+    supersede: bool = True
 
     @model_validator(mode="after")
     def _steps(self) -> HeadSearchSettings:

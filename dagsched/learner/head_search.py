@@ -21,6 +21,12 @@ zero. A candidate is scored over recorded windows replayed with common random nu
 serving knew, and its JCT counted as the judge counts it (a workflow that ran out of
 retries at least two deadlines, so that failing early never looks fast). Everything
 but the output bias of the continuous head is left bitwise as it was.
+
+A challenger is searched on the traffic of its day; when the world moves on, its move may be
+wrong for the traffic that follows, and its test then holds the learner for as long as the
+judge takes to retire it. `WindowSearch.supersede` looks at each window that closes while a
+challenger is under test (`learner.search.supersede`): a challenger that does not beat its
+champion there is replaced by a fresher search's move that beats it there.
 """
 
 from __future__ import annotations
@@ -165,6 +171,8 @@ class WindowSearch:
         self.cfg = cfg
         self.seed = seed + SEARCH_SEED_OFFSET
         self.last: tuple[str, int] | None = None  # (champion, newest window) searched
+        # (challenger, newest window) a supersession search looked at
+        self.last_rival: tuple[str, int] | None = None
 
     def run(
         self,
@@ -183,6 +191,62 @@ class WindowSearch:
         self.last = key
         score = replay_score(windows, base, sched.normalizer, self.cfg.replays, self.seed)
         return search_shifts(sched.model, score, self.cfg)
+
+    def supersede(
+        self,
+        champion: GNNScheduler,
+        rival: GNNScheduler,
+        windows: Sequence[ObservedWindow],
+        base: ScenarioConfig,
+    ) -> Superseding | None:
+        """While `rival` (the challenger, of `champion`) is under test: the move that should
+        replace it on `windows`, traffic that arrived after it was registered. Both are
+        scored there first; a rival that beats its champion (by `min_gain`, play by play) is
+        left to its test. Otherwise the champion's shifts are searched on these windows, and
+        a found move replaces the rival when it beats the rival the same way. None when
+        nothing should replace it, or these windows were looked at for this rival already."""
+        if not windows:
+            return None
+        key = (rival.version, windows[-1].index)
+        if key == self.last_rival:
+            return None
+        self.last_rival = key
+        cfg = self.cfg
+        score = replay_score(windows, base, champion.normalizer, cfg.replays, self.seed)
+        start, held = score(champion.model), score(rival.model)
+        if beats(held, start, cfg):
+            return None
+        res = search_shifts(champion.model, score, cfg)
+        if not res.moved or not beats(res.best, held, cfg):
+            return None
+        return Superseding(res, held)
+
+
+@dataclass
+class Superseding:
+    """A search whose move beats the challenger under test on fresher windows, and how the
+    challenger scored there."""
+
+    result: SearchResult
+    rival: Scored
+
+    def metrics(self) -> dict[str, float]:
+        """What the superseding round logs: the search's, and the rival's score."""
+        return {
+            **self.result.metrics(),
+            "search/rival_jct_s": self.rival.jct_s,
+            "search/rival_sla": self.rival.sla,
+        }
+
+
+def beats(cand: Scored, other: Scored, cfg: HeadSearchSettings) -> bool:
+    """What the search asks of a kept move, asked of `cand` against `other` on the same
+    plays: a mean JCT `min_gain` lower, SLA within `max_sla_loss`, and a win play by play."""
+    return (
+        cand.jct_s < other.jct_s * (1 - cfg.min_gain)
+        and cand.sla >= other.sla - cfg.max_sla_loss - 1e-12
+        and consistent(cand, other, cfg.confidence)
+    )
 
 
 def replay_score(

@@ -190,10 +190,20 @@ class LearnerService:
         if self.cfg.replace_challenger:
             return False
         busy = self.registry.alias_version(CHALLENGER)
+        if busy is not None and self.superseding():
+            return False  # a round looks for a move that should replace it
         if busy is not None and busy != self._waiting_on:
             log.info("learner.waiting", challenger=busy, reason="under A/B test")
         self._waiting_on = busy
         return busy is not None
+
+    def superseding(self) -> bool:
+        """`learner.method: search` with `search.supersede`: a round under test searches the
+        windows that closed since the challenger came, to replace it (not with
+        `keep_learning`, whose rounds under test make shadows)."""
+        return (
+            self.cfg.method == "search" and self.cfg.search.supersede and not self.cfg.keep_learning
+        )
 
     def next_round(self) -> str | None:
         """The alias a due round registers its version under: "challenger", "shadow"
@@ -303,6 +313,8 @@ class LearnerService:
                 first_is_champion=False,
             )
         reg.set_alias(alias, version)
+        if alias == CHALLENGER and self.gate is not None:
+            self.gate.versions(f"v{parent}", f"v{version}")  # fresh: windows from now on
         if alias == CHALLENGER and reg.alias_version(SHADOW) is not None:
             reg.delete_alias(SHADOW)  # the new challenger was chained from it: superseded
         self.notify(json.dumps({"action": "register", "alias": alias, "version": version}))
@@ -322,27 +334,49 @@ class LearnerService:
         """The champion's heads' shifts searched on the newest recorded windows (model,
         metrics, the version's `data` tag); None with nothing recorded yet, with these
         windows searched already for this champion, or when no move gained."""
+        from dagsched.registry.store import CHALLENGER
+
         gate = self.gate
         assert gate is not None
+        rival = self.registry.alias_version(CHALLENGER) if self.superseding() else None
+        # the pair the windows must be fresh for: those closed since the challenger came
+        gate.versions(f"v{parent}", f"v{rival}" if rival else None)
         gate.next_window()  # windows closed since the last look join `recent`
         windows = list(gate.recent)
+        if rival is not None:
+            windows = [w for w in windows if w.index >= gate.fresh_from]
         if not windows:
             log.info("learner.search_waiting", reason="no recorded window closed yet")
             return None
-        res = self.searches.run(parent, champ, windows, self.settings.sim)
-        if res is None:  # these windows were searched for this champion already
-            return None
         indices = [w.index for w in windows]
-        log.info("learner.search", parent=parent, windows=indices, **res.metrics())
-        if not res.moved:
-            return None
+        metrics: dict[str, float]
+        if rival is not None:
+            found = self.searches.supersede(
+                champ, self.registry.load(rival), windows, self.settings.sim
+            )
+            if found is None:
+                return None
+            res, metrics, held = found.result, found.metrics(), found.rival
+            log.info(
+                "learner.supersede", parent=parent, challenger=rival, windows=indices, **metrics
+            )
+        else:
+            got = self.searches.run(parent, champ, windows, self.settings.sim)
+            if got is None:  # these windows were searched for this champion already
+                return None
+            res, metrics = got, got.metrics()
+            log.info("learner.search", parent=parent, windows=indices, **metrics)
+            if not res.moved:
+                return None
         moved = ", ".join(f"{k} {v:+.2f}" for k, v in res.moved.items())
         data = (
             f"replay search over recorded windows {','.join(map(str, indices))}: shifts "
             f"{moved}; mean JCT {res.start.jct_s:.0f} s -> {res.best.jct_s:.0f} s, SLA "
             f"{res.start.sla:.3f} -> {res.best.sla:.3f}"
         )
-        return res.model, res.metrics(), data
+        if rival is not None:
+            data += f"; replaces v{rival}, {held.jct_s:.0f} s on these windows"
+        return res.model, metrics, data
 
     def finetune_config(self) -> FinetuneConfig:
         """A round's PPO settings, from `learner.*`."""

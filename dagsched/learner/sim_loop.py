@@ -14,7 +14,9 @@
   challenger. As in the services, a due round waits while a challenger is under test, unless
   `replace_challenger` (then every round replaces it and restarts the test) or
   `keep_learning` (then it improves a shadow, which explores, and the latest
-  shadow is the next challenger when the test ends).
+  shadow is the next challenger when the test ends). With `learner: search` a due round
+  under test looks at the windows closed since the challenger came
+  (`search.supersede`), and a move that beats it there replaces it.
 - **Evaluator.** One `Sample` per finished workflow (SLA met, mean reward, speed, arm and version
   of its first decided task, the covariates of that task's batch view) goes to a `Judge`;
   promote makes the challenger champion (the old one becomes previous), retire drops the
@@ -175,6 +177,7 @@ class SimLoop:
             lambda v: self.versions[f"v{v}"],
             SimFeed,
         )
+        gate.versions(self.champion, self.challenger)  # one proposed already: from the start
         sim = Simulator(scenario, gate.feed.workflows(workflows), seed=seed)
         gate.feed.attach(sim)
         self.gate = gate
@@ -196,6 +199,8 @@ class SimLoop:
                 self._round(sim.now)
             elif due and self.cfg.keep_learning:
                 self._round(sim.now, shadow=True)
+            elif due and self.cfg.learner == "search" and self.cfg.search.supersede:
+                self._supersede_round(sim.now)
         for run in sim.active.values():  # in flight at the end: arm and version of first task
             wf = run.wf
             if wf.id not in self.workflows:
@@ -384,6 +389,12 @@ class SimLoop:
         self.events.append(LoopEvent(now, "promote", version, self.champion, {"by": by}))
         return version
 
+    def propose(self, model: ActorCritic, now: float, by: str = "hand") -> str:
+        """A challenger of the champion from outside the learner (an operator's, or a test's):
+        a new version, under test at once, in place of any challenger."""
+        self._new_version(now, model, None, False, 0, {"by": by})
+        return self.challenger or ""
+
     # -- the learner's round ------------------------------------------------------------------
 
     def _round(self, now: float, shadow: bool = False) -> None:
@@ -425,6 +436,23 @@ class SimLoop:
             return
         self._new_version(now, res.model, None, False, 0, detail)
 
+    def _supersede_round(self, now: float) -> None:
+        """A due round while a challenger is under test (`learner.search.supersede`): the
+        windows closed since it was registered are searched, and a move that beats it there
+        becomes the challenger in its place."""
+        self.completed = 0
+        gate, rival = self.gate, self.challenger
+        if gate is None or rival is None:
+            return
+        windows = [w for w in gate.recent if w.index >= gate.fresh_from]
+        found = self.searches.supersede(
+            self.versions[self.champion], self.versions[rival], windows, gate.base
+        )
+        if found is None:
+            return
+        detail = {"windows": [w.index for w in windows], "superseded": rival, **found.metrics()}
+        self._new_version(now, found.result.model, None, False, 0, detail)
+
     def _new_version(
         self,
         now: float,
@@ -446,6 +474,8 @@ class SimLoop:
         else:
             self.challenger, self.shadow = version, None
             self.judge.versions(self.champion, version)
+            if self.gate is not None:  # judged on the windows that start from now on
+                self.gate.versions(self.champion, version)
         detail = {"from": base or self.champion, "transitions": transitions, **metrics}
         if shadow:
             detail["shadow"] = True

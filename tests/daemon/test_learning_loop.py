@@ -178,6 +178,53 @@ def test_a_search_learner_registers_the_shifts_its_recorded_windows_favour(
     assert learner.round() is None  # the same windows, the same champion: searched already
 
 
+def test_a_search_learner_replaces_a_challenger_its_fresher_windows_show_wrong(
+    redis_url, tmp_path: Path, champion_template: Path
+):
+    """`learner.search.supersede`: with a challenger under test (one that starves memory
+    further than its champion), a due round is not held back: it searches the windows
+    closed since the challenger came, and registers the move it finds in its place, having
+    beaten it there."""
+    s: Settings = make_settings(
+        "localhost:1", redis_url, tmp_path,
+        **{
+            "learner.method": "search",
+            "learner.search.heads": ["mem"],
+            "learner.search.step": 3.0, "learner.search.min_step": 3.0,
+            "learner.search.max_evals": 3,
+            "evaluator.replay.window_workflows": 20, "evaluator.replay.warmup_workflows": 10,
+        },
+    )  # fmt: skip
+    clone_mlflow_home(champion_template, s.home)
+    reg = Registry(s)
+    reg.ensure_champion()
+    champion = _starved_champion(reg)
+    worse = _registered(reg, with_shifts(reg.load(champion).model, {"mem": -1.0}), champion)
+    reg.set_alias(CHALLENGER, worse)
+    learner = LearnerService(s)
+    assert learner.gate is not None
+    assert not learner.challenger_busy() and learner.next_round() == CHALLENGER
+    learner.gate.recent.extend(_recorded_windows(s, 40))
+    version = learner.round()
+    assert version is not None and version != worse
+    assert reg.alias_version(CHALLENGER) == version
+    tags = reg.client.get_model_version(reg.name, version).tags
+    assert tags["parent"] == champion and f"replaces v{worse}" in tags["data"]
+    assert float(tags["metric.search/jct_s"]) < float(tags["metric.search/rival_jct_s"])
+    assert float(tags["metric.search/shift_mem"]) > 0
+
+
+def _registered(reg: Registry, model: Any, parent: str) -> str:
+    """`model`, with the champion's normalizer, registered as a version of `parent`."""
+    shipped = reg.load(parent)
+    with tempfile.TemporaryDirectory() as tmp, reg.run("by-hand", {}) as run:
+        save_bundle(Path(tmp), model, shipped.normalizer)
+        return reg.register_bundle(
+            Path(tmp), run.run_id, metrics={}, parent=parent, data="by hand",
+            first_is_champion=False,
+        )  # fmt: skip
+
+
 def _starved_champion(reg: Registry) -> str:
     """The shipped champion with its memory shift at -3 logit, registered as the champion."""
     shipped = reg.load(reg.alias_version(CHAMPION) or "")

@@ -1,5 +1,6 @@
 """The heads' shift search: it moves only the continuous head's output bias, keeps only the
-moves that lower the score, and in the loop searches on the recorded windows."""
+moves that lower the score, in the loop searches on the recorded windows, and replaces a
+challenger that fresher windows show to be wrong."""
 
 from __future__ import annotations
 
@@ -147,3 +148,45 @@ def test_a_move_that_wins_on_the_mean_but_not_play_by_play_is_not_kept(
     assert search_shifts(champion.model, lucky, cfg).moved == {}
     assert search_shifts(champion.model, lucky, cfg.model_copy(update={"confidence": 0.0})).moved
     assert search_shifts(champion.model, steady, cfg).moved == {"mem": pytest.approx(0.4)}
+
+
+def _superseding_run(champion: GNNScheduler, proposed: dict[str, float]) -> tuple[SimLoop, str]:
+    """A loop whose champion has its memory margin starved, with a challenger (the champion's
+    shifts moved by `proposed`) under test from the start; the judge never decides."""
+    starved = GNNScheduler(with_shifts(champion.model, {"mem": -3.0}), champion.normalizer, "v1")
+    sc = replace(small_scenario(workflows=60), drift=None)
+    replay = EvaluatorSettings().replay.model_copy(update={
+        "window_workflows": 15, "warmup_workflows": 10, "replays": 2, "min_replays": 400,
+        "fidelity_max_jct_err": 10.0,
+    })  # fmt: skip
+    ev = EvaluatorSettings(judge="replay", replay=replay)
+    search = HeadSearchSettings(heads=("mem",), step=1.5, min_step=1.5, max_evals=3)
+    cfg = LoopConfig(every_n=40, evaluator=ev, learner="search", search=search)
+    loop = SimLoop(starved, cfg, seed=5)
+    held = loop.propose(with_shifts(starved.model, proposed), 0.0)
+    loop.run(loop.simulator(sc, generate_workflows(sc, 5), 5))
+    return loop, held
+
+
+def test_a_challenger_the_fresher_windows_show_wrong_is_replaced_by_their_move(
+    champion: GNNScheduler,
+) -> None:
+    """A challenger under test that starves memory further loses to its champion on the
+    windows that close after it; a due round searches those windows, and the move it finds
+    (memory back up) replaces the challenger, having beaten it there."""
+    loop, held = _superseding_run(champion, {"mem": -1.0})
+    superseding = [e for e in loop.events if e.detail.get("superseded") == held]
+    assert len(superseding) == 1
+    e = superseding[0]
+    assert e.kind == "round" and e.detail["search/shift_mem"] > 0
+    assert e.detail["search/jct_s"] < e.detail["search/rival_jct_s"]
+    assert loop.challenger != held
+
+
+def test_a_challenger_that_beats_its_champion_is_left_to_its_test(
+    champion: GNNScheduler,
+) -> None:
+    """The same run with the search's own move under test: no round replaces it."""
+    loop, held = _superseding_run(champion, {"mem": 1.5})
+    assert not [e for e in loop.events if e.kind == "round" and e.version != held]
+    assert loop.challenger == held
