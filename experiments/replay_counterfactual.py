@@ -12,7 +12,8 @@ warm-up, the history the policies had):
 `true` is what the estimated restart cost, faults and cluster get wrong.
 
     .venv/bin/python experiments/replay_counterfactual.py [--seed 0] [--workflows 800]
-        [--replays 4] [--variant-cpu -0.4] [--variant-mem 0.0] [--out FILE]
+        [--replays 4] [--variant-cpu -0.4] [--variant-mem 0.0] [--from-window 0]
+        [--out FILE]
 
 Prints one row per window and writes JSON (default
 experiments/results/replay_counterfactual.json).
@@ -76,6 +77,9 @@ def main() -> None:
     ap.add_argument("--variant-cpu", type=float, default=-0.4)
     ap.add_argument("--variant-mem", type=float, default=0.0)
     ap.add_argument(
+        "--from-window", type=int, default=0, help="replay only this window and the later ones"
+    )
+    ap.add_argument(
         "--out", type=Path, default=Path("experiments/results/replay_counterfactual.json")
     )
     args = ap.parse_args()
@@ -97,7 +101,7 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     print(f"{'window':>6} {'observed':>9} {'replay':>8} {'true tasks':>10} {'true':>8} "
           f"{'variant gain: replay':>21} {'true tasks':>10} {'true':>6}")  # fmt: skip
-    for w in wins:
+    for w in (w for w in wins if w.index >= args.from_window):
         world = w.world(sc)
         seeds = [replay_seed(0, w.index, k) for k in range(args.replays)]
         r = {
