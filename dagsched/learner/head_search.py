@@ -25,8 +25,9 @@ but the output bias of the continuous head is left bitwise as it was.
 A challenger is searched on the traffic of its day; when the world moves on, its move may be
 wrong for the traffic that follows, and its test then holds the learner for as long as the
 judge takes to retire it. `WindowSearch.supersede` looks at each window that closes while a
-challenger is under test (`learner.search.supersede`): a challenger that does not beat its
-champion there is replaced by a fresher search's move that beats it there.
+challenger is under test (`learner.search.supersede`, off by default): a challenger that
+does not beat its champion there is replaced by a fresher search's move that beats it
+there.
 """
 
 from __future__ import annotations

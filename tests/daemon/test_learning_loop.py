@@ -191,7 +191,7 @@ def test_a_search_learner_replaces_a_challenger_its_fresher_windows_show_wrong(
             "learner.method": "search",
             "learner.search.heads": ["mem"],
             "learner.search.step": 3.0, "learner.search.min_step": 3.0,
-            "learner.search.max_evals": 3,
+            "learner.search.max_evals": 3, "learner.search.supersede": True,
             "evaluator.replay.window_workflows": 20, "evaluator.replay.warmup_workflows": 10,
         },
     )  # fmt: skip

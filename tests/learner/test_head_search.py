@@ -160,7 +160,7 @@ def _superseding_run(champion: GNNScheduler, proposed: dict[str, float]) -> tupl
         "fidelity_max_jct_err": 10.0,
     })  # fmt: skip
     ev = EvaluatorSettings(judge="replay", replay=replay)
-    search = HeadSearchSettings(heads=("mem",), step=1.5, min_step=1.5, max_evals=3)
+    search = HeadSearchSettings(heads=("mem",), step=1.5, min_step=1.5, max_evals=3, supersede=True)
     cfg = LoopConfig(every_n=40, evaluator=ev, learner="search", search=search)
     loop = SimLoop(starved, cfg, seed=5)
     held = loop.propose(with_shifts(starved.model, proposed), 0.0)
