@@ -146,16 +146,7 @@ def test_a_search_learner_registers_the_shifts_its_recorded_windows_favour(
     """`learner.method: search`: a round searches the champion's heads' shifts on the
     windows the learner recorded and registers the move that shortened their replays (the
     champion here has its memory margin starved: most workflows run out of retries)."""
-    s: Settings = make_settings(
-        "localhost:1", redis_url, tmp_path,
-        **{
-            "learner.method": "search",
-            "learner.search.heads": ["mem"],
-            "learner.search.step": 3.0, "learner.search.min_step": 3.0,
-            "learner.search.max_evals": 3,
-            "evaluator.replay.window_workflows": 20, "evaluator.replay.warmup_workflows": 10,
-        },
-    )  # fmt: skip
+    s = _search_settings(redis_url, tmp_path)
     clone_mlflow_home(champion_template, s.home)
     reg = Registry(s)
     reg.ensure_champion()
@@ -185,21 +176,13 @@ def test_a_search_learner_replaces_a_challenger_its_fresher_windows_show_wrong(
     further than its champion), a due round is not held back: it searches the windows
     closed since the challenger came, and registers the move it finds in its place, having
     beaten it there."""
-    s: Settings = make_settings(
-        "localhost:1", redis_url, tmp_path,
-        **{
-            "learner.method": "search",
-            "learner.search.heads": ["mem"],
-            "learner.search.step": 3.0, "learner.search.min_step": 3.0,
-            "learner.search.max_evals": 3, "learner.search.supersede": True,
-            "evaluator.replay.window_workflows": 20, "evaluator.replay.warmup_workflows": 10,
-        },
-    )  # fmt: skip
+    s = _search_settings(redis_url, tmp_path, **{"learner.search.supersede": True})
     clone_mlflow_home(champion_template, s.home)
     reg = Registry(s)
     reg.ensure_champion()
     champion = _starved_champion(reg)
-    worse = _registered(reg, with_shifts(reg.load(champion).model, {"mem": -1.0}), champion)
+    worse_model = with_shifts(reg.load(champion).model, {"mem": -1.0})
+    worse = _registered(reg, worse_model, champion, champion, "by hand")
     reg.set_alias(CHALLENGER, worse)
     learner = LearnerService(s)
     assert learner.gate is not None
@@ -214,26 +197,38 @@ def test_a_search_learner_replaces_a_challenger_its_fresher_windows_show_wrong(
     assert float(tags["metric.search/shift_mem"]) > 0
 
 
-def _registered(reg: Registry, model: Any, parent: str) -> str:
-    """`model`, with the champion's normalizer, registered as a version of `parent`."""
-    shipped = reg.load(parent)
-    with tempfile.TemporaryDirectory() as tmp, reg.run("by-hand", {}) as run:
-        save_bundle(Path(tmp), model, shipped.normalizer)
+def _search_settings(redis_url: str, tmp_path: Path, **extra: Any) -> Settings:
+    """`learner.method: search` over the memory shift alone, one step of 3 logit, on small
+    windows."""
+    return make_settings(
+        "localhost:1", redis_url, tmp_path,
+        **{
+            "learner.method": "search",
+            "learner.search.heads": ["mem"],
+            "learner.search.step": 3.0, "learner.search.min_step": 3.0,
+            "learner.search.max_evals": 3,
+            "evaluator.replay.window_workflows": 20, "evaluator.replay.warmup_workflows": 10,
+            **extra,
+        },
+    )  # fmt: skip
+
+
+def _registered(reg: Registry, model: Any, of: str, parent: str | None, data: str) -> str:
+    """`model`, with version `of`'s normalizer, registered with `parent`."""
+    normalizer = reg.load(of).normalizer
+    with tempfile.TemporaryDirectory() as tmp, reg.run(data, {}) as run:
+        save_bundle(Path(tmp), model, normalizer)
         return reg.register_bundle(
-            Path(tmp), run.run_id, metrics={}, parent=parent, data="by hand",
+            Path(tmp), run.run_id, metrics={}, parent=parent, data=data,
             first_is_champion=False,
         )  # fmt: skip
 
 
 def _starved_champion(reg: Registry) -> str:
     """The shipped champion with its memory shift at -3 logit, registered as the champion."""
-    shipped = reg.load(reg.alias_version(CHAMPION) or "")
-    with tempfile.TemporaryDirectory() as tmp, reg.run("starved", {}) as run:
-        save_bundle(Path(tmp), with_shifts(shipped.model, {"mem": -3.0}), shipped.normalizer)
-        version = reg.register_bundle(
-            Path(tmp), run.run_id, metrics={}, parent=None, data="starved",
-            first_is_champion=False,
-        )  # fmt: skip
+    shipped = reg.alias_version(CHAMPION) or ""
+    starved = with_shifts(reg.load(shipped).model, {"mem": -3.0})
+    version = _registered(reg, starved, shipped, None, "starved")
     reg.set_alias(CHAMPION, version)
     return version
 

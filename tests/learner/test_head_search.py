@@ -82,11 +82,7 @@ def test_the_loops_search_round_restores_a_starved_memory_margin_from_the_record
     from it by that move only."""
     starved = GNNScheduler(with_shifts(champion.model, {"mem": -3.0}), champion.normalizer, "v1")
     sc = replace(small_scenario(workflows=60), drift=None)
-    replay = EvaluatorSettings().replay.model_copy(update={
-        "window_workflows": 15, "warmup_workflows": 10, "replays": 2, "min_replays": 4,
-        "fidelity_max_jct_err": 10.0,
-    })  # fmt: skip
-    ev = EvaluatorSettings(judge="replay", replay=replay)
+    ev = _small_windows(min_replays=4)
     search = HeadSearchSettings(heads=("mem",), step=1.5, min_step=1.5, max_evals=3)
     cfg = LoopConfig(every_n=40, evaluator=ev, learner="search", search=search)
     loop = SimLoop(starved, cfg, seed=5)
@@ -150,16 +146,22 @@ def test_a_move_that_wins_on_the_mean_but_not_play_by_play_is_not_kept(
     assert search_shifts(champion.model, steady, cfg).moved == {"mem": pytest.approx(0.4)}
 
 
+def _small_windows(min_replays: int) -> EvaluatorSettings:
+    """The replay judge on windows of 15 workflows, 2 replays each, fidelity never refused;
+    no verdict before `min_replays` paired differences."""
+    replay = EvaluatorSettings().replay.model_copy(update={
+        "window_workflows": 15, "warmup_workflows": 10, "replays": 2,
+        "min_replays": min_replays, "fidelity_max_jct_err": 10.0,
+    })  # fmt: skip
+    return EvaluatorSettings(judge="replay", replay=replay)
+
+
 def _superseding_run(champion: GNNScheduler, proposed: dict[str, float]) -> tuple[SimLoop, str]:
     """A loop whose champion has its memory margin starved, with a challenger (the champion's
     shifts moved by `proposed`) under test from the start; the judge never decides."""
     starved = GNNScheduler(with_shifts(champion.model, {"mem": -3.0}), champion.normalizer, "v1")
     sc = replace(small_scenario(workflows=60), drift=None)
-    replay = EvaluatorSettings().replay.model_copy(update={
-        "window_workflows": 15, "warmup_workflows": 10, "replays": 2, "min_replays": 400,
-        "fidelity_max_jct_err": 10.0,
-    })  # fmt: skip
-    ev = EvaluatorSettings(judge="replay", replay=replay)
+    ev = _small_windows(min_replays=400)
     search = HeadSearchSettings(heads=("mem",), step=1.5, min_step=1.5, max_evals=3, supersede=True)
     cfg = LoopConfig(every_n=40, evaluator=ev, learner="search", search=search)
     loop = SimLoop(starved, cfg, seed=5)
