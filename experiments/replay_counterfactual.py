@@ -45,7 +45,7 @@ from dagsched.policy.scheduler import GNNScheduler
 from dagsched.settings import load_settings
 from dagsched.sim.config import ScenarioConfig
 from dagsched.sim.engine import Simulator
-from dagsched.sim.replay_world import ReplayResult, _Tracker, play
+from dagsched.sim.replay_world import ReplayResult, WorkflowEnds, play
 from dagsched.sim.snapshot import SchedulerPolicy
 from dagsched.sim.truth import HiddenTruth
 
@@ -56,7 +56,7 @@ def true_play(
     """The window from the same start as its replay, on the simulator's hidden truth: the
     recorded run's families (drawn from `run_seed`), each task's own ratios from `seed`."""
     counted = frozenset(x.id for x in w.workflows)
-    tracker = _Tracker(counted)
+    tracker = WorkflowEnds(counted)
     history = History()
     history.families = copy.deepcopy(dict(w.history))
     wfs = sorted([*w.warmup, *w.workflows], key=lambda x: x.arrival_s)

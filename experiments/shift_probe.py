@@ -7,11 +7,14 @@ fine-tuning the actor heads can move every memory reservation at once. If no `b`
 frozen champion, head fine-tuning has little to find in that world.
 
     .venv/bin/python experiments/shift_probe.py [--profile shift] [--oom-restart S]
-        [--mem-spread X] [--neighbour K] [--load L] [--seed0 10000] [--seeds 2]
-        [--workflows 150] [--margins 0.3,0.6] [--policies heft_history] [--json]
+        [--mem-spread X] [--neighbour K] [--release-every N] [--load L] [--seed0 10000]
+        [--seeds 2] [--workflows 150] [--warmup 0] [--margins 0.3,0.6]
+        [--policies heft_history] [--json]
 
-Flags override the profile's `sim.shift` and load; the shift is on from t=0. Prints one row
-per policy (mean over seeds) and writes nothing unless `--out FILE`.
+Flags override the profile's `sim.shift` and load; the shift is on from t=0. `--warmup N`
+leaves the first N arrivals of each run uncounted (steady state: the cluster and the
+history are no longer empty). Prints one row per policy (mean over seeds) and writes
+nothing unless `--out FILE`.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from dagsched.policy.scheduler import GNNScheduler
 from dagsched.reporting import to_jsonable
 from dagsched.settings import load_settings
 from dagsched.sim.config import ScenarioConfig, ShiftConfig
-from dagsched.sim.runner import simulate
+from dagsched.sim.runner import simulate, steady_state
 from dagsched.sim.snapshot import SchedulerPolicy
 
 CHAMPION = Path(__file__).resolve().parent.parent / "models" / "champion"
@@ -57,6 +60,7 @@ def scenario(args: argparse.Namespace) -> ScenarioConfig:
             ("oom_restart_s", args.oom_restart),
             ("mem_spread", args.mem_spread),
             ("neighbour_slowdown", args.neighbour),
+            ("release_every", args.release_every),
         )
         if v is not None
     }
@@ -67,11 +71,14 @@ def scenario(args: argparse.Namespace) -> ScenarioConfig:
     return replace(s.sim, shift=None if args.no_shift else shift, workload=wl)
 
 
-def row(sc: ScenarioConfig, policy: Any, seeds: list[int]) -> dict[str, Any]:
+def row(sc: ScenarioConfig, policy: Any, seeds: list[int], warmup: int) -> dict[str, Any]:
     rows = []
     for s in seeds:
         pol = policy if isinstance(policy, str) else SchedulerPolicy(policy)
-        rows.append(simulate(sc, pol, seed=s))
+        if warmup:
+            rows.append(steady_state(sc, pol, seed=s, warmup=warmup))
+        else:
+            rows.append(simulate(sc, pol, seed=s))
     out: dict[str, Any] = {k: float(np.mean([r[k] for r in rows])) for k in KEYS}
     out["per_seed_sla"] = [round(float(r["sla_attainment"]), 3) for r in rows]
     return out
@@ -84,10 +91,12 @@ def main() -> None:
     ap.add_argument("--oom-restart", type=float, default=None)
     ap.add_argument("--mem-spread", type=float, default=None)
     ap.add_argument("--neighbour", type=float, default=None)
+    ap.add_argument("--release-every", type=float, default=None)
     ap.add_argument("--load", type=float, default=None)
     ap.add_argument("--seed0", type=int, default=10_000)
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--workflows", type=int, default=150)
+    ap.add_argument("--warmup", type=int, default=0, help="arrivals left uncounted per run")
     ap.add_argument("--margins", default="0.3,0.6", help="comma-separated b; '' for none")
     ap.add_argument("--policies", default="heft_history", help="baselines, comma-separated")
     ap.add_argument("--champion", type=Path, default=CHAMPION, help="a model bundle folder")
@@ -105,7 +114,7 @@ def main() -> None:
     t0 = time.perf_counter()
     res = {}
     for name, pol in arms.items():
-        res[name] = row(sc, pol, seeds)
+        res[name] = row(sc, pol, seeds, args.warmup)
         r = res[name]
         if not args.json:
             print(
@@ -119,6 +128,7 @@ def main() -> None:
         "load": sc.workload.load,
         "seeds": seeds,
         "workflows": args.workflows,
+        "warmup": args.warmup,
         "arms": res,
         "wall_s": round(time.perf_counter() - t0, 1),
     }

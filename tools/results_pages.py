@@ -374,8 +374,14 @@ def learning_page() -> list[str]:
             for a in ("frozen", "loop", "heft_history")
         ]
         held = s["held_out"]
+        steady = s.get("held_out_steady", {})
         held_rows = [
-            [f"`{k}`", num(v["sla"], 3), num(v["mean_jct_s"])]
+            [
+                f"`{k}`",
+                num(v["sla"], 3),
+                num(v["mean_jct_s"]),
+                *([num(steady[k]["sla"], 3), num(steady[k]["mean_jct_s"])] if steady else []),
+            ]
             for k, v in held.items()
             if isinstance(v, dict) and "sla" in v
         ]
@@ -404,10 +410,21 @@ def learning_page() -> list[str]:
             *table(
                 ["arm", "SLA before", "mean JCT s before", "SLA after", "mean JCT s after"], rows
             ),
-            f"Held out ({cfg['held_out']} seeds \u00d7 {cfg['held_out_workflows']} workflows, "
-            "shift from t=0; `latest` is the learner's last version, not promoted):",
+            f"Held out ({cfg['held_out']} seeds, shift from t=0: "
+            f"{cfg['held_out_workflows']} workflows from an empty cluster"
+            + (
+                f", and at steady state the arrivals after the first "
+                f"{cfg['steady_warmup']:,} of {cfg['steady_workflows']:,}"
+                if steady
+                else ""
+            )
+            + "; `latest` is the learner's last version, not promoted):",
             "",
-            *table(["version", "SLA", "mean JCT s"], held_rows),
+            *table(
+                ["version", "SLA", "mean JCT s"]
+                + (["SLA, steady", "mean JCT s, steady"] if steady else []),
+                held_rows,
+            ),
         ]
         png = src.path.with_suffix(".png").name
         out += section(

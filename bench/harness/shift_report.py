@@ -101,10 +101,14 @@ def table(doc: dict) -> None:
     for period in ("before", "after"):
         t.add_row(f"SLA {period} the shift", *(f(arms[a][period]["sla"]) for a in arms))
         t.add_row(f"mean JCT s {period}", *(f(arms[a][period]["mean_jct_s"], ".0f") for a in arms))
+    for key, label in (("held_out", "held-out"), ("held_out_steady", "steady held-out")):
+        if key not in s:
+            continue
+        ho = s[key]
+        held = [ho["frozen"], ho["promoted"], ho["heft_history"]]
+        t.add_row(f"{label} SLA (loop: promoted)", *(f(h["sla"]) for h in held))
+        t.add_row(f"{label} mean JCT s", *(f(h["mean_jct_s"], ".0f") for h in held))
     ho = s["held_out"]
-    held = [ho["frozen"], ho["promoted"], ho["heft_history"]]
-    t.add_row("held-out SLA (loop: promoted)", *(f(h["sla"]) for h in held))
-    t.add_row("held-out mean JCT s", *(f(h["mean_jct_s"], ".0f") for h in held))
     if ho.get("latest", {}).get("sla") is not None:
         late = ho["latest"]
         t.add_row("held-out, learner's last version", "", f(late["sla"]), "")

@@ -148,8 +148,9 @@ class ReplayResult:
         return float(np.mean(self.rewards)) if self.rewards else 0.0
 
 
-class _Tracker:
-    """Workflow ends from the engine's outcome hook (as `learner.sim_loop` reads them)."""
+class WorkflowEnds:
+    """The counted workflows' ends (JCT, SLA met, failure) and their attempts' rewards, from
+    the engine's outcome hook (as `learner.sim_loop` reads them)."""
 
     def __init__(self, counted: frozenset[str]) -> None:
         self.counted = counted
@@ -177,7 +178,7 @@ PolicyFactory = Callable[[int], Policy]  # a fresh policy for one replay, from i
 
 def play(world: ReplayWorld, policy: Policy, seed: int) -> ReplayResult:
     """One replay of `policy` over `world` with seed `seed` (the common random numbers)."""
-    tracker = _Tracker(world.counted)
+    tracker = WorkflowEnds(world.counted)
     history = History()
     history.families = copy.deepcopy(dict(world.history))
     sim = Simulator(

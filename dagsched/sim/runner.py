@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -13,7 +13,9 @@ from dagsched.core.workflow import Workflow
 from dagsched.sim.baselines import HEFT_HISTORY_RULES, make_baseline
 from dagsched.sim.config import ScenarioConfig
 from dagsched.sim.engine import Simulator
+from dagsched.sim.replay_world import WorkflowEnds
 from dagsched.sim.runs import Policy
+from dagsched.sim.shift import Releases
 from dagsched.sim.workload import WorkloadGenerator, arrival_rate, retime
 
 POLICY_NAMES: tuple[str, ...] = (
@@ -28,7 +30,7 @@ POLICY_NAMES: tuple[str, ...] = (
 )
 
 # Independent random streams per concern, so changing the policy never changes the workload.
-_WORKLOAD, _POLICY, _PILOT = 1, 2, 3
+_WORKLOAD, _POLICY, _PILOT, _RELEASES = 1, 2, 3, 4
 
 PILOT_WORKFLOWS = 200
 
@@ -43,7 +45,7 @@ def generate_workflows(scenario: ScenarioConfig, seed: int, n: int | None = None
     gen = WorkloadGenerator(
         scenario.workload, scenario.cluster, rng_for(seed, _WORKLOAD), scenario.truth
     )
-    return gen.generate(n)
+    return list(released(scenario, seed, gen.generate(n)))
 
 
 def stream_workflows(scenario: ScenarioConfig, seed: int, n: int) -> Iterator[Workflow]:
@@ -59,10 +61,28 @@ def stream_workflows(scenario: ScenarioConfig, seed: int, n: int) -> Iterator[Wo
     )
     rng = rng_for(seed, _WORKLOAD)
     gen = WorkloadGenerator(scenario.workload, scenario.cluster, rng, scenario.truth)
-    t = 0.0
-    for i in range(n):
-        t += float(rng.exponential(1.0 / rate))
-        yield gen.make_workflow(f"wf-{i:07d}", arrival_s=t)
+
+    def arrivals() -> Iterator[Workflow]:
+        t = 0.0
+        for i in range(n):
+            t += float(rng.exponential(1.0 / rate))
+            yield gen.make_workflow(f"wf-{i:07d}", arrival_s=t)
+
+    yield from released(scenario, seed, arrivals())
+
+
+def released(scenario: ScenarioConfig, seed: int, wfs: Iterable[Workflow]) -> Iterator[Workflow]:
+    """`wfs` as the job queue submits them in the scenario's shifted world: with the shift's
+    `release_every`, the families of workflows arriving from its `at_s` on are at their
+    current release (`sim.shift.Releases`); otherwise unchanged. Releases are decided on the
+    workflows' own stream, so every policy meets the same ones."""
+    shift = scenario.shift
+    if shift is None or not shift.release_every:
+        yield from wfs
+        return
+    releases = Releases(rng_for(seed, _RELEASES))
+    for wf in wfs:
+        yield releases.apply(wf, shift.release_every) if wf.arrival_s >= shift.at_s else wf
 
 
 def make_policy(name: str, seed: int) -> Policy:
@@ -97,6 +117,30 @@ def simulate(
     sim = Simulator(scenario, wfs, seed=seed)
     out = sim.run(pol, progress=(lambda n: progress(n, total)) if progress else None)
     return {"policy": pol.name, "seed": seed, **out, "wall_s": time.perf_counter() - started}
+
+
+def steady_state(
+    scenario: ScenarioConfig, policy: str | Policy, *, seed: int = 0, warmup: int = 0
+) -> dict[str, float]:
+    """SLA attainment, mean JCT (of the workflows that completed) and failed workflows over
+    the arrivals after the first `warmup` of one run of `scenario` (steady state: the
+    cluster and the history are no longer empty), and the whole run's OOM kills."""
+    pol = make_policy(policy, seed) if isinstance(policy, str) else policy
+    wfs = generate_workflows(scenario, seed)
+    if not 0 <= warmup < len(wfs):
+        raise ValueError(f"warmup must be in [0, {len(wfs)}), got {warmup}")
+    ends = WorkflowEnds(frozenset(w.id for w in wfs[warmup:]))
+    sim = Simulator(scenario, wfs, seed=seed, on_outcome=ends)
+    ends.sim = sim
+    out = sim.run(pol)
+    r = ends.result
+    done = [j for i, j in r.jct_s.items() if i not in r.failed]  # as `Metrics` counts JCT
+    return {
+        "sla_attainment": r.sla,
+        "mean_jct_s": float(np.mean(done)) if done else 0.0,
+        "workflows_failed": float(len(r.failed)),
+        "oom_kills": float(out["oom_kills"]),
+    }
 
 
 def _unique_ids(wfs: list[Workflow]) -> list[Workflow]:

@@ -37,7 +37,12 @@ def test_the_shift_profile_is_documented_and_validated() -> None:
     assert load_settings(profile=None, environ={}).sim.shift is None
     # production runs below the training load (docs/concepts/world.md)
     assert load_settings(profile="shift", environ={}).sim.workload.load < 0.8
-    for bad in ({"mem_spread": 0.5}, {"oom_restart_s": -1.0}, {"at_s": -1.0}):
+    for bad in (
+        {"mem_spread": 0.5},
+        {"oom_restart_s": -1.0},
+        {"at_s": -1.0},
+        {"release_every": 0.5},
+    ):
         with pytest.raises(ValueError, match=next(iter(bad))):
             ShiftConfig(**bad)  # type: ignore[arg-type]
 
@@ -45,7 +50,8 @@ def test_the_shift_profile_is_documented_and_validated() -> None:
 def test_a_neutral_or_later_shift_changes_nothing() -> None:
     sc = small_scenario(workflows=40)
     base = _run(sc)
-    for shift in (ShiftConfig(), ShiftConfig(at_s=1e9, oom_restart_s=900, mem_spread=3)):
+    late = ShiftConfig(at_s=1e9, oom_restart_s=900, mem_spread=3, release_every=2)
+    for shift in (ShiftConfig(), late):
         other = _run(replace(sc, shift=shift))
         assert other.summary() == base.summary()
         assert _log(other) == _log(base)
@@ -101,6 +107,39 @@ def test_wider_peaks_start_with_the_workflows_arriving_after_the_shift() -> None
     after = [w.id for w in generate_workflows(sc, 3) if w.arrival_s > at]
     assert all(peaks[True][w] == peaks[False][w] for w in before if w in peaks[True])
     assert any(peaks[True][w] != peaks[False][w] for w in after if w in peaks[True])
+
+
+def test_families_ship_new_releases_from_the_shift_on() -> None:
+    sc = small_scenario(workflows=80)
+    plain = generate_workflows(sc, 3)
+    at = plain[20].arrival_s
+    shifted = replace(sc, shift=ShiftConfig(at_s=at, release_every=5))
+    wfs = generate_workflows(shifted, 3)
+    assert wfs == generate_workflows(shifted, 3)  # decided on the workload's own stream
+    released: dict[str, set[str]] = {}
+    for a, b in zip(plain, wfs, strict=True):
+        assert b.id == a.id and b.arrival_s == a.arrival_s
+        for ta, tb in zip(a.tasks, b.tasks, strict=True):
+            assert tb.family.split("@r")[0] == ta.family  # a release of the same family
+            assert replace(tb, family=ta.family) == ta  # and nothing else changed
+            if a.arrival_s < at:
+                assert tb.family == ta.family
+            released.setdefault(ta.family, set()).add(tb.family)
+    # frequent families ship several releases, and a release stays until the next one
+    assert max(len(r) for r in released.values()) >= 3
+    for fam in released:
+        ks = [
+            int(t.family.partition("@r")[2] or 0)
+            for w in wfs
+            for t in w.tasks
+            if t.family.split("@r")[0] == fam
+        ]
+        assert ks == sorted(ks)
+    # the hidden truth draws a release afresh: history of the old name does not apply
+    truth = HiddenTruth(TruthConfig(), seed=3)
+    fam = max(released, key=lambda f: len(released[f]))
+    medians = {truth.family(r) for r in released[fam]}
+    assert len(medians) == len(released[fam])
 
 
 def test_noisy_neighbours_slow_tasks_on_busy_nodes() -> None:
