@@ -6,7 +6,8 @@ the learner fine-tuning shadows from the decision logs; the A/B evaluator judgin
 simulator replaying workflows through Kafka. Halfway through the workload (by arrival time) the
 world shifts, unannounced (`sim.shift`: the settings' shift effects, else `PRODUCTION_SHIFT`):
 the retry after an OOM kill pays a long restart (an hour in `PRODUCTION_SHIFT`), which the
-observation does not show until outcomes do. The closing story compares the same workload in
+observation does not show until outcomes do, and task families start shipping new releases
+that history has not measured. The closing story compares the same workload in
 the simulator under the frozen shipped champion and `heft_history`.
 
 The demo keeps its registry under `<home>/demo` (wiped at each start) and its topics under a
