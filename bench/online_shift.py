@@ -65,6 +65,7 @@ import numpy as np
 import torch
 from harness.finetune_args import add_finetune_args, finetune_config
 from harness.shift_report import plot, summarize_arm, table
+from tqdm import tqdm
 
 from dagsched.core.workflow import Workflow
 from dagsched.learner.live_ab import Sample, rule_from
@@ -96,10 +97,15 @@ def shift_time(sc: ScenarioConfig, seed: int, n: int, at: float) -> float:
 
 
 def play_loop(
-    sc: ScenarioConfig, seed: int, n: int, cfg: LoopConfig
+    sc: ScenarioConfig, seed: int, n: int, cfg: LoopConfig, desc: str | None = None
 ) -> tuple[list[WorkflowResult], SimLoop]:
+    """The loop's run of one seed; with `desc`, a progress bar of ended workflows."""
     loop = SimLoop(load_bundle(CHAMPION, "v1"), cfg, seed=seed)
-    results = loop.run(loop.simulator(sc, workload(sc, seed, n), seed))
+    with tqdm(total=n, desc=desc, unit="wf", disable=desc is None, file=sys.stderr) as bar:
+        results = loop.run(
+            loop.simulator(sc, workload(sc, seed, n), seed),
+            progress=lambda k: bar.update(k - bar.n),
+        )
     return results, loop
 
 
@@ -414,7 +420,13 @@ def main() -> None:
             else:
                 # the frozen arm is the champion alone: no learner, and no exploration slice
                 alone = replace(cfg, learn=False, explore_share=0.0)
-                res, loop = play_loop(sc, seed, args.workflows, cfg if arm == "loop" else alone)
+                res, loop = play_loop(
+                    sc,
+                    seed,
+                    args.workflows,
+                    cfg if arm == "loop" else alone,
+                    desc=None if args.json else f"seed {seed} {arm}",
+                )
                 if arm == "loop":
                     events += events_doc(seed, loop.events, arrivals)
                     windows += windows_doc(seed, loop.windows, arrivals)

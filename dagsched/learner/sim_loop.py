@@ -62,7 +62,7 @@ from dagsched.sim.runs import Decision, TaskRun
 from dagsched.sim.snapshot import cluster_view, task_view
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
 
     from dagsched.sim.engine import Simulator
 
@@ -183,16 +183,26 @@ class SimLoop:
         self.gate = gate
         return sim
 
-    def run(self, sim: Simulator, until: float | None = None) -> list[WorkflowResult]:
-        """Play `sim` to its end (or simulated time `until`); every arrived workflow's result."""
+    def run(
+        self,
+        sim: Simulator,
+        until: float | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> list[WorkflowResult]:
+        """Play `sim` to its end (or simulated time `until`); every arrived workflow's result.
+        `progress(n)` is called as the count `n` of ended workflows grows."""
         if self.judge.canary_rule is not None and (
             self.gate is None or self.gate.feed.sim is not sim
         ):
             raise ValueError("the replay judge records the run: build it with SimLoop.simulator")
         self.sim = sim
         sim.on_outcome = self._on_outcome
+        ended = 0
         while (batch := sim.advance(until)) is not None:
             sim.apply(self.decide(sim, batch), batch)
+            if progress is not None and (n := len(self.samples)) != ended:
+                ended = n
+                progress(n)
             due = self.cfg.learn and self.completed >= self.cfg.every_n and self.window
             early = self.cfg.keep_learning and self._chain + 1 < self.cfg.min_rounds
             if due and (self.challenger is None or self.cfg.replace_challenger) and not early:
@@ -201,6 +211,8 @@ class SimLoop:
                 self._round(sim.now, shadow=True)
             elif due and self.cfg.learner == "search" and self.cfg.search.supersede:
                 self._supersede_round(sim.now)
+        if progress is not None and len(self.samples) != ended:  # ends after the last decision
+            progress(len(self.samples))
         for run in sim.active.values():  # in flight at the end: arm and version of first task
             wf = run.wf
             if wf.id not in self.workflows:

@@ -87,6 +87,16 @@ def test_champion_alone_records_every_outcome_and_never_changes_versions(
     assert sum(w.met for w in ended) == m.met_deadline
 
 
+def test_progress_counts_the_workflows_as_they_end(champion: GNNScheduler) -> None:
+    sc = _scenario()
+    loop = SimLoop(champion, LoopConfig(learn=False), seed=3)
+    seen: list[int] = []
+    loop.run(loop.simulator(sc, generate_workflows(sc, 3), 3), progress=seen.append)
+    ended = [w for w in loop.workflows.values() if w.end_s is not None]
+    assert seen == sorted(set(seen)) and seen[0] >= 1  # each count once, growing
+    assert seen[-1] == len(ended) == 12
+
+
 def test_one_challenger_under_test_at_a_time(champion: GNNScheduler) -> None:
     # min_samples beyond the run: no verdict, so the first challenger is never replaced
     ev = LoopConfig().evaluator.model_copy(update={"min_samples": 10**6})
