@@ -13,9 +13,10 @@ history, the fault rates and the OOM restart time that the events revealed.
   to load the cluster (not counted).
 - `ReplayJudge.judge` replays a window K times per version with common random numbers
   (replay k of both versions uses one seed: the same task ratios and node crashes), checks
-  fidelity (the serving version's replays against what that window really did: the
-  relative error of mean JCT over the workflows it served; above `fidelity_max_jct_err`
-  the verdict is `unreliable` and nothing is added), then feeds the K per-replay
+  fidelity (the window replayed as it was served, the challenger on the workflows of its
+  slice, against what the window really did: the relative error of mean JCT over the
+  workflows the serving version served; above `fidelity_max_jct_err` the verdict is
+  `unreliable` and nothing is added), then feeds the K per-replay
   differences to the paired mSPRT (`sequential.PairedTest`). Windows do not overlap, so
   no replay is counted twice; the K replays of one window share its workflows, so the test
   takes the spread between windows into its variance and waits for `min_windows`.
@@ -37,7 +38,14 @@ from dagsched.core.workflow import Workflow
 from dagsched.learner.sequential import PAIRED_METRICS, PairedRule, PairedTest, Verdict
 from dagsched.service_config import ReplaySettings
 from dagsched.sim.config import ScenarioConfig
-from dagsched.sim.replay_world import NodeSpec, PolicyFactory, ReplayResult, ReplayWorld, play
+from dagsched.sim.replay_world import (
+    NodeSpec,
+    PolicyFactory,
+    ReplayResult,
+    ReplayWorld,
+    as_served,
+    play,
+)
 
 UNRELIABLE = "unreliable"
 # what the restart after an OOM kill costs is estimated from this many latest retries (a
@@ -76,8 +84,10 @@ class ObservedWindow:
     transient_failure: float = 0.0
     node_failure_per_hour: float = 0.0
     oom_restart_s: float = 0.0
-    # workflows served by another version (a challenger's slice, exploration): left out of
-    # fidelity, which asks how well the serving version's replays predict what it served
+    # workflows, counted or warm-up, served by another version (a challenger's slice,
+    # exploration): fidelity replays them under the challenger, so that the replay shares
+    # the cluster as the traffic did, and asks how well it predicts what the serving
+    # version served
     elsewhere: frozenset[str] = frozenset()
 
     @property
@@ -275,7 +285,9 @@ class TrafficRecorder:
             transient_failure=self.transient_failure,
             node_failure_per_hour=self.node_failure_per_hour,
             oom_restart_s=self.oom_restart_s,
-            elsewhere=frozenset(i for i in w.ids if i in self.elsewhere),
+            elsewhere=frozenset(
+                i for i in [*w.ids, *(x.id for x in w.warmup)] if i in self.elsewhere
+            ),
         )
         needed = {x.id for x in self._tail} | set(self.order)
         for o in self.open:
@@ -283,10 +295,10 @@ class TrafficRecorder:
         for i in [*w.ids, *(x.id for x in w.warmup)]:
             if i not in needed:
                 self.arrived.pop(i, None)
+                self.elsewhere.discard(i)  # no later window replays it
         for i in w.ids:
             self.jct_s.pop(i, None)
             self.met.pop(i, None)
-            self.elsewhere.discard(i)
         return obs
 
 
@@ -433,7 +445,13 @@ class ReplayJudge:
         replays measure fidelity too) and update the test."""
         world = obs.world(self.base)
         base = self.replay(world, champion, obs.index)
-        self._served = [*self._served, (obs, base)][-self.cfg.fidelity_windows :]
+        # what served the window: the champion alone, or with the challenger on its slice
+        served = (
+            self.replay(world, as_served(champion, challenger, obs.elsewhere), obs.index)
+            if obs.elsewhere
+            else base
+        )
+        self._served = [*self._served, (obs, served)][-self.cfg.fidelity_windows :]
         fid = fidelity_of(self._served)
         report = WindowReport(obs.index, len(obs.workflows), fid, UNRELIABLE, "",
                               champion=[_summary(r) for r in base])  # fmt: skip

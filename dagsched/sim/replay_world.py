@@ -26,7 +26,7 @@ from dagsched.sim.config import ClusterConfig, NodeGroup, ScenarioConfig, ShiftC
 from dagsched.sim.engine import Simulator
 from dagsched.sim.learned_truth import LearnedTruth
 from dagsched.sim.reward import TaskOutcome
-from dagsched.sim.runs import Policy, TaskRun
+from dagsched.sim.runs import Decision, Policy, TaskRun
 
 
 @dataclass(frozen=True)
@@ -174,6 +174,31 @@ class WorkflowEnds:
 
 
 PolicyFactory = Callable[[int], Policy]  # a fresh policy for one replay, from its seed
+
+
+class AsServed:
+    """Two policies sharing one cluster as they did when the traffic was served: the tasks
+    of workflows in `others` are decided by `other`, every other task by `main`. Each
+    decides its share of a batch from the same state, as two daemon arms do."""
+
+    def __init__(self, main: Policy, other: Policy, others: frozenset[str]) -> None:
+        self.main, self.other, self.others = main, other, others
+        self.name = f"{main.name}+{other.name}"
+
+    def decide(self, sim: Simulator, ready: list[TaskRun]) -> list[Decision]:
+        theirs = [t for t in ready if t.run.wf.id in self.others]
+        if not theirs:
+            return self.main.decide(sim, ready)
+        mine = [t for t in ready if t.run.wf.id not in self.others]
+        return [
+            *(self.main.decide(sim, mine) if mine else []),
+            *self.other.decide(sim, theirs),
+        ]
+
+
+def as_served(main: PolicyFactory, other: PolicyFactory, others: frozenset[str]) -> PolicyFactory:
+    """A factory of `AsServed` policies over fresh `main` and `other` ones."""
+    return lambda seed: AsServed(main(seed), other(seed), others)
 
 
 def play(world: ReplayWorld, policy: Policy, seed: int) -> ReplayResult:

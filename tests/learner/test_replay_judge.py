@@ -23,7 +23,7 @@ from dagsched.learner.sequential import PairedRule, PairedTest
 from dagsched.settings import load_settings
 from dagsched.sim.engine import Simulator
 from dagsched.sim.learned_truth import LearnedTruth
-from dagsched.sim.replay_world import ReplayResult
+from dagsched.sim.replay_world import AsServed, ReplayResult
 from dagsched.sim.runner import make_policy, stream_workflows
 
 
@@ -200,3 +200,56 @@ def test_fidelity_counts_only_what_the_serving_version_served() -> None:
     assert fidelity_of([(obs, [replay])]).jct_err > 0.5
     served_elsewhere = replace(obs, elsewhere=frozenset(other))
     assert fidelity_of([(served_elsewhere, [replay])]).jct_err == 0.0
+
+
+def test_the_recorder_keeps_which_warmup_workflows_another_version_served() -> None:
+    r = TrafficRecorder(window_workflows=2, warmup_workflows=2)
+    for i in range(4):
+        r.workflow(_wf(i))
+        r.snapshot({})
+    for i in range(4):
+        r.ended(f"w{i}", 5.0, True, served=i != 1)  # w1: the challenger's slice
+    first, second = r.ready({})
+    assert first.elsewhere == {"w1"}
+    assert [x.id for x in second.warmup] == ["w0", "w1"] and second.elsewhere == {"w1"}
+
+
+class _Seen:
+    """A policy that remembers the workflows it decided for."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.inner = make_policy("heft_history", 0)
+        self.ids: set[str] = set()
+
+    def decide(self, sim, ready):  # type: ignore[no-untyped-def]
+        self.ids |= {t.run.wf.id for t in ready}
+        return self.inner.decide(sim, ready)
+
+
+def test_as_served_gives_each_policy_the_workflows_it_served() -> None:
+    sc = load_settings(profile="test").sim
+    wfs = list(stream_workflows(sc, 4, 20))
+    others = frozenset(w.id for w in wfs[::3])
+    main, other = _Seen("a"), _Seen("b")
+    Simulator(sc, wfs, seed=4).run(AsServed(main, other, others))
+    assert other.ids == others and main.ids == {w.id for w in wfs} - others
+
+
+def test_fidelity_replays_the_challenger_on_the_slice_it_served() -> None:
+    wins, sc = _recorded(40, 10)
+    obs = wins[1]
+    cfg = ReplayJudgeConfig(window_workflows=20, warmup_workflows=10, replays=2,
+                            fidelity_max_jct_err=10.0)  # fmt: skip
+    heft = lambda s: make_policy("heft_history", s)  # noqa: E731
+    slow = lambda s: make_policy("random", s)  # noqa: E731
+    alone = ReplayJudge(cfg, sc).judge(obs, heft, slow).fidelity
+    # served by heft_history alone: the challenger's replays play no part in fidelity
+    assert ReplayJudge(cfg, sc).judge(obs, heft, heft).fidelity == alone
+    # a slice the challenger served (in the window and its warm-up) is replayed under it
+    sliced = replace(obs, elsewhere=frozenset(w.id for w in [*obs.warmup, *obs.workflows][::2]))
+    judge = ReplayJudge(cfg, sc)
+    shared = judge.judge(sliced, heft, slow).fidelity
+    champion_alone = judge.replay(sliced.world(sc), heft, sliced.index)
+    assert shared.observed_jct_s == fidelity_of([(sliced, champion_alone)]).observed_jct_s
+    assert shared.predicted_jct_s > fidelity_of([(sliced, champion_alone)]).predicted_jct_s
