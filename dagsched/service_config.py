@@ -196,7 +196,9 @@ class HeadSearchSettings(_Strict):
     step: float = Field(default=0.4, gt=0, le=5)  # the first step, in logit
     min_step: float = Field(default=0.1, gt=0, le=5)  # it ends when no move this size gains
     max_evals: int = Field(default=16, ge=1, le=1000)  # candidates scored, the start included
-    min_gain: float = Field(default=0.01, ge=0, lt=1)  # a kept move lowers mean JCT this share
+    # a kept move lowers mean JCT by this share: above the replay judge's `min_effect_jct`
+    # (0.02), so that a challenger it registers is one the judge can promote
+    min_gain: float = Field(default=0.03, ge=0, lt=1)
     # and keeps the replayed SLA within this of the start's
     max_sla_loss: float = Field(default=0.01, ge=0, le=1)
     replays: int = Field(default=2, ge=1, le=100)  # per recorded window, per candidate

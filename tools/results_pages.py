@@ -388,7 +388,13 @@ def learning_page() -> list[str]:
         cfg = src.data["config"]
         what = (
             f"{cfg['seeds']} seeds {X} {cfg['workflows']:,} workflows of the `shift` profile "
-            f"(load {cfg['load']}), the shift on at {cfg['shift_at']:.0%} of the arrivals; "
+            f"(load {cfg['load']}), the shift on at {cfg['shift_at']:.0%} of the arrivals"
+            + (
+                f" (families ship a release every {rel:g} of their workflows)"
+                if (rel := cfg.get("shift", {}).get("release_every"))
+                else ""
+            )
+            + "; "
             f"challenger share {cfg['share']}, exploration {cfg.get('explore_share', 0)}; "
             f"rounds by {LEARNERS[cfg.get('learner', 'ppo')]}. "
             f"Promotions: {s['promotions']}, rollbacks: {s['rollbacks']}, rounds: "

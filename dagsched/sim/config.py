@@ -336,7 +336,7 @@ class ShiftConfig:
 # family history has not measured yet arrive all run long. Wider memory peaks (mem_spread 2)
 # were tried first; they raise what every policy must reserve, so the cluster overloaded and
 # no policy could win.
-PRODUCTION_SHIFT = ShiftConfig(oom_restart_s=3600.0, release_every=150.0)
+PRODUCTION_SHIFT = ShiftConfig(oom_restart_s=3600.0, release_every=200.0)
 
 
 @dataclass(frozen=True)
