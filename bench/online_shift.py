@@ -101,7 +101,10 @@ def play_loop(
 ) -> tuple[list[WorkflowResult], SimLoop]:
     """The loop's run of one seed; with `desc`, a progress bar of ended workflows."""
     loop = SimLoop(load_bundle(CHAMPION, "v1"), cfg, seed=seed)
-    with tqdm(total=n, desc=desc, unit="wf", disable=desc is None, file=sys.stderr) as bar:
+    every = 0.1 if sys.stderr.isatty() else 60.0  # a redirected log gets a line a minute
+    with tqdm(
+        total=n, desc=desc, unit="wf", disable=desc is None, file=sys.stderr, mininterval=every
+    ) as bar:
         results = loop.run(
             loop.simulator(sc, workload(sc, seed, n), seed),
             progress=lambda k: bar.update(k - bar.n),
