@@ -77,7 +77,7 @@ from dagsched.reporting import to_jsonable
 from dagsched.settings import load_settings
 from dagsched.sim.config import ScenarioConfig, ShiftConfig
 from dagsched.sim.engine import Simulator
-from dagsched.sim.runner import make_policy, simulate, steady_state, stream_workflows
+from dagsched.sim.runner import make_policy, steady_state, stream_workflows
 from dagsched.sim.snapshot import SchedulerPolicy
 
 CHAMPION = Path(__file__).resolve().parent.parent / "models" / "champion"
@@ -150,10 +150,7 @@ def held_out(
     out = {}
     for name, pol in scheds.items():
         p = pol if isinstance(pol, str) else SchedulerPolicy(pol)
-        rows = [
-            steady_state(sc0, p, seed=s, warmup=warmup) if warmup else simulate(sc0, p, seed=s)
-            for s in seeds
-        ]
+        rows = [steady_state(sc0, p, seed=s, warmup=warmup) for s in seeds]
         out[name] = {
             "sla": float(np.mean([r["sla_attainment"] for r in rows])),
             "mean_jct_s": float(np.mean([r["mean_jct_s"] for r in rows])),
@@ -171,7 +168,8 @@ def held_out_versions(
 ) -> dict[str, Any]:
     """`held_out` of the frozen champion, heft_history and, per name of `versions`, the mean
     over the loop seeds' versions of that name (None when no seed has one), with each
-    seed's as `{name}_per_seed`."""
+    seed's promoted version's as `promoted_per_seed`. A version met twice (the latest one is
+    often the promoted one) is played once."""
     ho: dict[str, Any] = held_out(
         sc,
         {"frozen": load_bundle(CHAMPION, "v1"), "heft_history": "heft_history"},
@@ -179,8 +177,15 @@ def held_out_versions(
         n,
         warmup,
     )
+    played: dict[int, dict[str, float]] = {}
+
+    def one(v: GNNScheduler) -> dict[str, float]:
+        if id(v) not in played:
+            played[id(v)] = held_out(sc, {"p": v}, seeds, n, warmup)["p"]
+        return played[id(v)]
+
     for name, per_seed in versions.items():
-        got = {k: held_out(sc, {"p": v}, seeds, n, warmup)["p"] for k, v in per_seed.items()}
+        got = {k: one(v) for k, v in per_seed.items()}
         ho[name] = {
             m: float(np.mean([t[m] for t in got.values()])) if got else None
             for m in ("sla", "mean_jct_s", "oom_kills")

@@ -35,7 +35,7 @@ from dagsched.policy.scheduler import GNNScheduler
 from dagsched.reporting import to_jsonable
 from dagsched.settings import load_settings
 from dagsched.sim.config import ScenarioConfig, ShiftConfig
-from dagsched.sim.runner import simulate, steady_state
+from dagsched.sim.runner import steady_state
 from dagsched.sim.snapshot import SchedulerPolicy
 
 CHAMPION = Path(__file__).resolve().parent.parent / "models" / "champion"
@@ -75,10 +75,7 @@ def row(sc: ScenarioConfig, policy: Any, seeds: list[int], warmup: int) -> dict[
     rows = []
     for s in seeds:
         pol = policy if isinstance(policy, str) else SchedulerPolicy(policy)
-        if warmup:
-            rows.append(steady_state(sc, pol, seed=s, warmup=warmup))
-        else:
-            rows.append(simulate(sc, pol, seed=s))
+        rows.append(steady_state(sc, pol, seed=s, warmup=warmup))
     out: dict[str, Any] = {k: float(np.mean([r[k] for r in rows])) for k in KEYS}
     out["per_seed_sla"] = [round(float(r["sla_attainment"]), 3) for r in rows]
     return out
