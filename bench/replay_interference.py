@@ -67,7 +67,7 @@ def judge_seed(
     cfg: ReplayJudgeConfig,
 ) -> dict[str, Any]:  # fmt: skip
     """Record the champion's run; judge every window for each of `others`."""
-    rec = TrafficRecorder(cfg.window_workflows, cfg.warmup_workflows)
+    rec = TrafficRecorder.of(cfg)
     wins = record_run(
         lambda wfs, hook: Simulator(sc, wfs, seed=seed, on_outcome=hook),
         SchedulerPolicy(champion), rec, workload(sc, seed, n),

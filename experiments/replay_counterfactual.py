@@ -39,7 +39,7 @@ from online_shift import CHAMPION, shift_time, workload
 from dagsched.core.history import History
 from dagsched.learner.head_search import with_shifts
 from dagsched.learner.replay_feed import record_run
-from dagsched.learner.replay_judge import ObservedWindow, TrafficRecorder, replay_seed
+from dagsched.learner.replay_judge import ObservedWindow, TrafficRecorder, config_from, replay_seed
 from dagsched.policy.bundle import load_bundle
 from dagsched.policy.scheduler import GNNScheduler
 from dagsched.settings import load_settings
@@ -93,7 +93,7 @@ def main() -> None:
     champ = load_bundle(CHAMPION, "v1")
     moved = {k: v for k, v in (("cpu", args.variant_cpu), ("mem", args.variant_mem)) if v}
     variant = GNNScheduler(with_shifts(champ.model, moved), champ.normalizer, "variant")
-    rec = TrafficRecorder(s.evaluator.replay.window_workflows, s.evaluator.replay.warmup_workflows)
+    rec = TrafficRecorder.of(config_from(s.evaluator.replay))
     wins = record_run(
         lambda wfs, hook: Simulator(sc, wfs, seed=args.seed, on_outcome=hook),
         SchedulerPolicy(champ), rec, workload(sc, args.seed, n),

@@ -301,7 +301,7 @@ def compare_cmd(
     cfg = replace(cfg, window_workflows=min(cfg.window_workflows, len(wfs)))
     if replays is not None:
         cfg = replace(cfg, replays=replays)
-    rec = TrafficRecorder(cfg.window_workflows, cfg.warmup_workflows)
+    rec = TrafficRecorder.of(cfg)
     wins = record_run(
         lambda arrivals, hook: Simulator(sc, arrivals, seed=seed, on_outcome=hook),
         pol_a(seed),

@@ -69,7 +69,7 @@ class ReplayGate(Generic[F]):
         `feed(recorder)` the feed that fills the gate's recorder."""
         self.cfg = cfg
         self.base = base
-        self.recorder = TrafficRecorder(cfg.window_workflows, cfg.warmup_workflows)
+        self.recorder = TrafficRecorder.of(cfg)
         self.feed = feed(self.recorder)
         self.load = load
         self.pair: Pair | None = None

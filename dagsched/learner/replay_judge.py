@@ -10,7 +10,10 @@ history, the fault rates and the OOM restart time that the events revealed.
   finished workflows) into `ObservedWindow`s: consecutive, non-overlapping runs of
   `window_workflows` arrivals, each closed once all its workflows have ended (or once two
   later windows have filled), with the `warmup_workflows` arrivals before it replayed first
-  to load the cluster (not counted).
+  to load the cluster, and after it the arrivals that came while its workflows ran (`after`,
+  at most `after_workflows`; not counted either: without them the window's last workflows
+  would finish on a cluster emptying for want of later traffic, and the replays would
+  predict them fast).
 - `ReplayJudge.judge` replays a window K times per version with common random numbers
   (replay k of both versions uses one seed: the same task ratios and node crashes), checks
   fidelity (the window replayed as it was served, the challenger on the workflows of its
@@ -60,6 +63,7 @@ class ReplayJudgeConfig:
 
     window_workflows: int = 100
     warmup_workflows: int = 200
+    after_workflows: int = 150  # at most this many later arrivals replayed after the window
     replays: int = 8  # K: replays per version per window
     fidelity_max_jct_err: float = 0.15
     # fidelity is measured over the last this many judged windows together: one window's
@@ -89,6 +93,9 @@ class ObservedWindow:
     # the cluster as the traffic did, and asks how well it predicts what the serving
     # version served
     elsewhere: frozenset[str] = frozenset()
+    # the arrivals after the window that came before its last workflow ended (all those known
+    # when the window closed without some of them): the traffic its stragglers competed with
+    after: list[Workflow] = field(default_factory=list)
 
     @property
     def mean_jct_s(self) -> float:
@@ -101,7 +108,7 @@ class ObservedWindow:
     def world(self, base: ScenarioConfig) -> ReplayWorld:
         """The calibrated replay of this window."""
         return ReplayWorld.build(
-            [*self.warmup, *self.workflows],
+            [*self.warmup, *self.workflows, *self.after],
             [w.id for w in self.workflows],
             base,
             nodes=self.nodes,
@@ -124,11 +131,14 @@ class TrafficRecorder:
     """Recorded traffic -> `ObservedWindow`s (see the module docstring). Feed it arrivals,
     node heartbeats, attempt ends and finished workflows; take closed windows from `ready`."""
 
-    def __init__(self, window_workflows: int, warmup_workflows: int) -> None:
+    def __init__(
+        self, window_workflows: int, warmup_workflows: int, after_workflows: int = 150
+    ) -> None:
         if window_workflows < 1:
             raise ValueError("window_workflows must be >= 1")
         self.window = window_workflows
         self.warmup = warmup_workflows
+        self.after = after_workflows
         self.arrived: dict[str, Workflow] = {}
         self.order: list[str] = []  # arrivals not yet in a window, plus the warm-up tail
         self.jct_s: dict[str, float] = {}
@@ -156,6 +166,11 @@ class TrafficRecorder:
         # workflow it replays arrives, as the policies then saw it
         self.pending_snapshots: list[int] = []
         self._history: dict[int, dict[str, FamilyStats]] = {}
+
+    @classmethod
+    def of(cls, cfg: ReplayJudgeConfig) -> TrafficRecorder:
+        """The recorder of the windows `cfg` judges."""
+        return cls(cfg.window_workflows, cfg.warmup_workflows, cfg.after_workflows)
 
     # -- feeding ------------------------------------------------------------------------------
 
@@ -273,6 +288,15 @@ class TrafficRecorder:
         return len(self.open) >= 3 or all(i in self.jct_s for i in self.open[0].ids)
 
     def _close(self, w: _Open, families: Mapping[str, FamilyStats]) -> ObservedWindow:
+        later = [i for o in self.open for i in o.ids] + self.order  # `w` is out of `open`
+        last_end = (
+            max(self.arrived[i].arrival_s + self.jct_s[i] for i in w.ids)
+            if all(i in self.jct_s for i in w.ids)
+            else float("inf")
+        )
+        after = [
+            self.arrived[i] for i in later[: self.after] if self.arrived[i].arrival_s < last_end
+        ]
         obs = ObservedWindow(
             index=w.index,
             workflows=[self.arrived[i] for i in w.ids],
@@ -286,8 +310,11 @@ class TrafficRecorder:
             node_failure_per_hour=self.node_failure_per_hour,
             oom_restart_s=self.oom_restart_s,
             elsewhere=frozenset(
-                i for i in [*w.ids, *(x.id for x in w.warmup)] if i in self.elsewhere
+                i
+                for i in [*w.ids, *(x.id for x in w.warmup), *(x.id for x in after)]
+                if i in self.elsewhere
             ),
+            after=after,
         )
         needed = {x.id for x in self._tail} | set(self.order)
         for o in self.open:
@@ -361,6 +388,7 @@ def config_from(cfg: ReplaySettings) -> ReplayJudgeConfig:
     return ReplayJudgeConfig(
         window_workflows=cfg.window_workflows,
         warmup_workflows=cfg.warmup_workflows,
+        after_workflows=cfg.after_workflows,
         replays=cfg.replays,
         fidelity_max_jct_err=cfg.fidelity_max_jct_err,
         fidelity_windows=cfg.fidelity_windows,

@@ -6,7 +6,8 @@ outcomes, and what execution events revealed (the transient-failure and node-cra
 and the time a retry loses after an OOM kill). `play` runs one policy over it in the
 simulator with the world's tasks drawn from the learned history (`sim.learned_truth`), never
 from the hidden truth, and returns per-workflow outcomes of the workflows the window counts
-(the warm-up workflows before them only load the cluster).
+(the warm-up workflows before them and the later arrivals after them only load the
+cluster; a replay ends once the counted workflows have).
 
 Two policies played with the same seed meet the same arrivals, the same per-task ratios and
 the same node crashes (the engine's streams are per concern): common random numbers.
@@ -62,7 +63,7 @@ def cluster_from_nodes(nodes: Sequence[NodeSpec], base: ClusterConfig) -> Cluste
 class ReplayWorld:
     """Everything one window's replay plays on (see the module docstring)."""
 
-    workflows: tuple[Workflow, ...]  # warm-up first, then the window, by arrival
+    workflows: tuple[Workflow, ...]  # warm-up, the window, the later arrivals, by arrival
     counted: frozenset[str]  # the window's workflow ids: what a replay reports on
     scenario: ScenarioConfig  # cluster, faults and the OOM restart, as observed
     families: Mapping[str, FamilyStats] = field(default_factory=dict)  # the learned truth
@@ -215,5 +216,8 @@ def play(world: ReplayWorld, policy: Policy, seed: int) -> ReplayResult:
         history=history,
     )
     tracker.sim = sim
-    sim.run(policy)
+    ended = tracker.result.jct_s
+    # the uncounted arrivals after the window only load it: stop once the counted have ended
+    while len(ended) < len(world.counted) and (batch := sim.advance()) is not None:
+        sim.apply(policy.decide(sim, batch), batch)
     return tracker.result

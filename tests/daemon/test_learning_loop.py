@@ -16,7 +16,7 @@ from dagsched.daemon.broker import ensure_topics
 from dagsched.learner.curriculum import Curriculum
 from dagsched.learner.head_search import with_shifts
 from dagsched.learner.replay_feed import record_run
-from dagsched.learner.replay_judge import TrafficRecorder
+from dagsched.learner.replay_judge import TrafficRecorder, config_from
 from dagsched.learner.services import LearnerService
 from dagsched.learner.train import demonstrations
 from dagsched.policy.bundle import save_bundle
@@ -235,7 +235,7 @@ def _starved_champion(reg: Registry) -> str:
 
 def _recorded_windows(s: Settings, n: int) -> list[Any]:
     """The windows a run of `n` workflows of `s.sim` under heft_history closes."""
-    rec = TrafficRecorder(s.evaluator.replay.window_workflows, s.evaluator.replay.warmup_workflows)
+    rec = TrafficRecorder.of(config_from(s.evaluator.replay))
     return record_run(
         lambda wfs, hook: Simulator(s.sim, wfs, seed=4, on_outcome=hook),
         make_policy("heft_history", 4), rec, stream_workflows(s.sim, 4, n),

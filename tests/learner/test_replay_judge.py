@@ -112,6 +112,47 @@ def test_recorder_cuts_non_overlapping_windows_with_warmup() -> None:
     )
 
 
+def test_a_window_keeps_the_later_arrivals_that_came_while_it_ran() -> None:
+    """What the window's stragglers competed with: arrivals after it up to its last end."""
+    r = TrafficRecorder(window_workflows=2, warmup_workflows=0)
+    for i in range(6):
+        r.workflow(_wf(i))  # w_i arrives at i s
+    r.ended("w0", 2.0, True)  # ends at 2
+    r.ended("w1", 2.5, True)  # ends at 3.5: w2 and w3 arrived while it ran, w4 after
+    (first,) = r.ready({})
+    assert [x.id for x in first.after] == ["w2", "w3"]
+    assert [x.id for x in first.world(load_settings(profile="test").sim).workflows] == [
+        "w0", "w1", "w2", "w3"
+    ]  # fmt: skip
+    assert first.world(load_settings(profile="test").sim).counted == {"w0", "w1"}
+    for i in range(6, 8):
+        r.workflow(_wf(i))
+    # window 1 (w2, w3) never ended; closed once two later windows filled: every later
+    # arrival known then is kept (its stragglers were still running)
+    (late,) = r.ready({})
+    assert [x.id for x in late.after] == ["w4", "w5", "w6", "w7"]
+    capped = TrafficRecorder(window_workflows=2, warmup_workflows=0, after_workflows=1)
+    for i in range(4):
+        capped.workflow(_wf(i))
+    capped.ended("w0", 2.0, True)
+    capped.ended("w1", 2.5, True)
+    assert [x.id for x in capped.ready({})[0].after] == ["w2"]
+
+
+def test_later_arrivals_load_the_replay_of_a_window() -> None:
+    """Replayed without the traffic that came after it, a window's last workflows run on a
+    cluster emptying for want of later arrivals, and finish sooner than they did."""
+    wins, sc = _recorded(60, 10)
+    obs = next(w for w in wins if w.after)
+    cfg = ReplayJudgeConfig(window_workflows=20, warmup_workflows=10, replays=2)
+    heft = lambda s: make_policy("heft_history", s)  # noqa: E731
+    judge = ReplayJudge(cfg, sc)
+    loaded = judge.replay(obs.world(sc), heft, obs.index)
+    alone = judge.replay(replace(obs, after=[]).world(sc), heft, obs.index)
+    assert all(set(r.jct_s) == set(obs.jct_s) for r in [*loaded, *alone])
+    assert np.mean([r.mean_jct_s for r in loaded]) > np.mean([r.mean_jct_s for r in alone])
+
+
 def test_the_restart_cost_after_an_oom_kill_follows_a_change_within_a_few_retries() -> None:
     """The shifted world's hour-long restart starts mid-run: the estimate the replays use
     reflects the latest retries, not the run's average."""
