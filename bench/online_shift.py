@@ -365,15 +365,13 @@ def parse() -> argparse.Namespace:
     ap.add_argument(
         "--learner",
         choices=("ppo", "search"),
-        default="ppo",
+        default=None,
         help="how rounds fine-tune the heads: PPO on the logs, or a search by paired replay "
-        "(no exploration slice, no shadow)",
+        "(no exploration slice, no shadow); default: learner.method",
     )
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
     add_finetune_args(ap, lr=2e-3, credit="task-critic")
     args = ap.parse_args()
-    if args.learner == "search":
-        args.explore_share, args.keep_learning = 0.0, False
     if args.quick:
         args.seeds, args.workflows, args.held_out = 2, 700, 2
         args.held_out_workflows, args.aa_workflows, args.aa_runs = 150, 400, 200
@@ -388,6 +386,9 @@ def main() -> None:
     s = load_settings(profile="shift")
     assert s.sim.shift is not None
     ft = finetune_config(args)
+    args.learner = args.learner or s.learner.method
+    if args.learner == "search":
+        args.explore_share, args.keep_learning = 0.0, False
     judge = args.judge or s.evaluator.judge
     ev = s.evaluator.model_copy(update={"min_samples": args.min_samples, "judge": judge})
     if args.max_samples is not None:

@@ -250,11 +250,12 @@ class LearnerSettings(_Strict):
     # task's later attempts'), "task-critic" (the same minus the champion critic's baseline)
     # or "attempt" (one step)
     credit: Literal["task", "task-critic", "attempt"] = "task"
-    # how a round fine-tunes the heads: "ppo" on the window's attempts (the settings above),
-    # or "search": the heads' constant shifts searched by paired replay of the newest windows
-    # the learner recorded (evaluator.replay's windows), each candidate scored by its mean
-    # JCT (docs/concepts/learning.md)
-    method: Literal["ppo", "search"] = "ppo"
+    # how a round fine-tunes the heads: "search": the heads' constant shifts searched by
+    # paired replay of the newest windows the learner recorded (evaluator.replay's windows),
+    # each candidate scored by its mean JCT (docs/concepts/learning.md); or "ppo" on the
+    # window's attempts (the settings above). Search is the method that has promoted a
+    # better version in the shifted world; PPO never has
+    method: Literal["ppo", "search"] = "search"
     search: HeadSearchSettings = Field(default_factory=HeadSearchSettings)
 
 

@@ -77,10 +77,10 @@ class LoopConfig:
     window: int = 5000  # replay window (learner.window)
     replace_challenger: bool = False  # learner.replace_challenger
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
-    # how a round fine-tunes the heads: "ppo" on the window's attempts (`finetune`), or
-    # "search" by paired replay of the newest recorded windows (`search`; needs the replay
-    # judge, whose recorder holds them; learner.method in the services)
-    learner: str = "ppo"
+    # how a round fine-tunes the heads: "search" by paired replay of the newest recorded
+    # windows (`search`; needs the replay judge, whose recorder holds them), or "ppo" on the
+    # window's attempts (`finetune`); learner.method in the services
+    learner: str = "search"
     search: HeadSearchSettings = field(default_factory=HeadSearchSettings)
     evaluator: EvaluatorSettings = field(default_factory=EvaluatorSettings)
     # share of workflows (the buckets after the challenger's) served by the challenger, or

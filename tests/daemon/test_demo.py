@@ -15,6 +15,8 @@ async def test_demo_runs_the_loop_and_tells_what_happened(redis_url: str, tmp_pa
         redis_url,
         tmp_path,
         **{
+            # ten workflows close no replay window: PPO rounds on the logs make the challengers
+            "learner.method": "ppo",
             "learner.every_n_tasks": 40,
             "learner.outcome_timeout_s": 30.0,
             "daemon.challenger_share": 0.5,

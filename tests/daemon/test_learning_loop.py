@@ -36,7 +36,10 @@ async def test_learner_registers_a_challenger_from_the_logs(
     broker, redis_url, tmp_path: Path, champion_template: Path
 ):
     s: Settings = make_settings(
-        broker.bootstrap, redis_url, tmp_path, **{"learner.every_n_tasks": 40}
+        broker.bootstrap,
+        redis_url,
+        tmp_path,
+        **{"learner.method": "ppo", "learner.every_n_tasks": 40},
     )
     await ensure_topics(s)
     clone_mlflow_home(champion_template, s.home)

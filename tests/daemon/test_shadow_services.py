@@ -60,7 +60,10 @@ async def _store(
 ) -> tuple[Settings, Registry, str]:
     """Settings with their own topics and MLflow store; the shipped champion's version."""
     s = make_settings(
-        broker.bootstrap, redis_url, tmp_path, **{"learner.every_n_tasks": EVERY_N, **overrides}
+        broker.bootstrap,
+        redis_url,
+        tmp_path,
+        **{"learner.method": "ppo", "learner.every_n_tasks": EVERY_N, **overrides},
     )
     await ensure_topics(s)
     clone_mlflow_home(template, s.home)

@@ -53,7 +53,9 @@ def _run(champion: GNNScheduler, cfg: LoopConfig, workflows: int = 12) -> tuple[
 def test_rounds_change_only_the_actor_heads_and_challengers_serve_their_bucket(
     champion: GNNScheduler,
 ) -> None:
-    cfg = LoopConfig(share=0.5, every_n=40, window=200, finetune=FAST, replace_challenger=True)
+    cfg = LoopConfig(
+        share=0.5, every_n=40, window=200, finetune=FAST, replace_challenger=True, learner="ppo"
+    )
     loop, _ = _run(champion, cfg)
     rounds = [e for e in loop.events if e.kind == "round"]
     assert len(rounds) >= 2
@@ -100,7 +102,9 @@ def test_progress_counts_the_workflows_as_they_end(champion: GNNScheduler) -> No
 def test_one_challenger_under_test_at_a_time(champion: GNNScheduler) -> None:
     # min_samples beyond the run: no verdict, so the first challenger is never replaced
     ev = LoopConfig().evaluator.model_copy(update={"min_samples": 10**6})
-    loop, _ = _run(champion, LoopConfig(share=0.5, every_n=40, finetune=FAST, evaluator=ev))
+    loop, _ = _run(
+        champion, LoopConfig(share=0.5, every_n=40, finetune=FAST, evaluator=ev, learner="ppo")
+    )
     assert [e.kind for e in loop.events] == ["round"] and loop.challenger == "v2"
 
 
@@ -164,7 +168,13 @@ def test_keep_learning_trains_shadows_during_a_test_and_tests_the_latest_next(
     # no verdict within the run: the first challenger stays under test while shadows follow
     ev = LoopConfig().evaluator.model_copy(update={"min_samples": 10**6})
     cfg = LoopConfig(
-        share=0.3, explore_share=0.4, every_n=40, finetune=FAST, evaluator=ev, keep_learning=True
+        share=0.3,
+        explore_share=0.4,
+        every_n=40,
+        finetune=FAST,
+        evaluator=ev,
+        keep_learning=True,
+        learner="ppo",
     )
     loop, _ = _run(champion, cfg)
     rounds = [e for e in loop.events if e.kind == "round"]
