@@ -306,6 +306,8 @@ class ShiftConfig:
       family name (`name@r2`) whose use, peak and runtime are drawn afresh: history knows
       nothing of it, and its first tasks run on the declared request or a guess. Releases
       never stop, so cold families keep arriving at steady state, not only at the start.
+      The job queue's stream applies them (`sim.runner.released`: the generated workloads);
+      workflows handed to the simulator directly keep their names.
 
     Policies are not told: no view, observation or history carries any of it. They learn it
     from outcomes only (later finishes, OOM kills, measured runtimes).
