@@ -12,7 +12,7 @@ champion's replay four ways:
   at that moment with its own due time.
 
     .venv/bin/python experiments/replay_start_state.py [--seed 0] [--workflows 1500]
-        [--replays 2] [--from-window 6] [--out FILE]
+        [--replays 2] [--from-window 6] [--release-every R] [--out FILE]
 
 Prints one row per window (observed mean JCT, and each replay's prediction and error) and
 writes JSON (default experiments/results/replay_start_state.json).
@@ -66,6 +66,9 @@ def main() -> None:
     ap.add_argument("--workflows", type=int, default=1500)
     ap.add_argument("--replays", type=int, default=2)
     ap.add_argument("--from-window", type=int, default=6)
+    ap.add_argument(
+        "--release-every", type=float, default=None, help="default: the shift profile's"
+    )
     ap.add_argument("--out", type=Path, default=Path("experiments/results/replay_start_state.json"))
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -73,7 +76,10 @@ def main() -> None:
     assert s.sim.shift is not None
     n = args.workflows
     base = replace(s.sim, workload=replace(s.sim.workload, workflows=n), shift=None)
-    sc = replace(base, shift=replace(s.sim.shift, at_s=shift_time(base, args.seed, n, 0.1)))
+    shift = replace(s.sim.shift, at_s=shift_time(base, args.seed, n, 0.1))
+    if args.release_every is not None:
+        shift = replace(shift, release_every=args.release_every)
+    sc = replace(base, shift=shift)
     champ = load_bundle(CHAMPION, "v1")
     warm = s.evaluator.replay.warmup_workflows
     rec = TrafficRecorder.of(config_from(s.evaluator.replay))
