@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from online_shift import CHAMPION, shift_time, workload
+from online_shift import CHAMPION, interference_world_arg, shift_time, workload
 from rich.console import Console
 from rich.table import Table
 
@@ -142,13 +142,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--workflows", type=int, default=2000)
     ap.add_argument("--shift-at", type=float, default=0.1)
-    ap.add_argument(
-        "--release-every",
-        type=float,
-        default=0.0,
-        help="families ship a release every this many of their workflows (the shift profile: "
-        "200); 0, the default, is the interference case's world, where the variant pays",
-    )
+    interference_world_arg(ap)
     ap.add_argument("--head", choices=sorted(HEADS), default="cpu")
     ap.add_argument("--shift", type=float, default=-0.4)
     ap.add_argument("--share", type=float, default=0.5)

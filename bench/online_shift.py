@@ -90,6 +90,19 @@ def workload(sc: ScenarioConfig, seed: int, n: int) -> Iterator[Workflow]:
     return stream_workflows(sc, seed, n)
 
 
+def interference_world_arg(ap: argparse.ArgumentParser) -> None:
+    """`--release-every` of the interference benches: their world is the shift without the
+    families' releases unless told otherwise (it is where the interference case was found;
+    with releases every 200 the tighter CPU reservation is worth more)."""
+    ap.add_argument(
+        "--release-every",
+        type=float,
+        default=0.0,
+        help="families ship a release every this many of their workflows (the shift profile: "
+        "200); 0, the default, is the interference case's world",
+    )
+
+
 def shift_time(sc: ScenarioConfig, seed: int, n: int, at: float) -> float:
     """Arrival time of the workflow at share `at` of the run."""
     k = min(n - 1, int(at * n))

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from online_shift import CHAMPION, shift_time, workload
+from online_shift import CHAMPION, interference_world_arg, shift_time, workload
 from rich.console import Console
 from rich.table import Table
 
@@ -140,13 +140,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=200)
     ap.add_argument("--window", type=int, default=100)
     ap.add_argument("--shift-at", type=float, default=0.1)
-    ap.add_argument(
-        "--release-every",
-        type=float,
-        default=0.0,
-        help="families ship a release every this many of their workflows (the shift profile: "
-        "200); 0, the default, is the interference case's world, where the variant pays",
-    )
+    interference_world_arg(ap)
     ap.add_argument("--shift", type=float, default=-0.4)
     ap.add_argument("--max-jct-err", type=float, default=0.15)
     ap.add_argument("--baseline", action="store_true", help="heft_history as the champion")
