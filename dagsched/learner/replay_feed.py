@@ -96,7 +96,8 @@ class MessageFeed:
             overhead = None
             if not failed and began is not None and (msg.runtime_s > 0 or msg.transfer_s > 0):
                 overhead = (msg.at - began) - msg.runtime_s - msg.transfer_s
-            r.attempt_ended(msg.at, failed, reason, overhead, after_oom=task in self._oom)
+            r.attempt_ended(msg.at, failed, reason, overhead, after_oom=task in self._oom,
+                            started_s=began)  # fmt: skip
             if reason == "oom":
                 self._oom.add(task)
             else:
@@ -148,7 +149,9 @@ class SimFeed:
     def outcome(self, t: TaskRun, o: TaskOutcome, now: float) -> None:
         """One attempt ended at `now` (what its end event would carry)."""
         overhead = None if o.failed else (now - t.start_s) - o.transfer_s - o.compute_s
-        self.recorder.attempt_ended(now, o.failed, "", overhead, after_oom=t.after_oom)
+        self.recorder.attempt_ended(
+            now, o.failed, "", overhead, after_oom=t.after_oom, started_s=t.start_s
+        )
 
     def workflow_ended(self, wf: Workflow, now: float, failed: bool, served: bool = True) -> None:
         """A workflow finished, or ran out of retries, at `now`; `served`: by the serving

@@ -55,6 +55,9 @@ UNRELIABLE = "unreliable"
 # shifted world's hour-long restart shows within them), against this many other attempts
 RECENT_OOM_RETRIES = 20
 RECENT_ATTEMPTS = 2000
+# the retries after OOM kills kept to date the latest restart cost (they are rare: a few per
+# hundred workflows)
+KEPT_OOM_RETRIES = 1000
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,7 @@ class ObservedWindow:
     transient_failure: float = 0.0
     node_failure_per_hour: float = 0.0
     oom_restart_s: float = 0.0
+    oom_restart_from_s: float = 0.0  # the time from which that restart cost held
     # workflows, counted or warm-up, served by another version (a challenger's slice,
     # exploration): fidelity replays them under the challenger, so that the replay shares
     # the cluster as the traffic did, and asks how well it predicts what the serving
@@ -117,6 +121,7 @@ class ObservedWindow:
             transient_failure=self.transient_failure,
             node_failure_per_hour=self.node_failure_per_hour,
             oom_restart_s=self.oom_restart_s,
+            oom_restart_from_s=self.oom_restart_from_s,
         )
 
 
@@ -158,10 +163,9 @@ class TrafficRecorder:
         # time on the node beyond compute and transfer of the latest finished attempts, after
         # an OOM kill of their task or not: recent ones only, so that a change in what a
         # restart costs shows within a few retries instead of being averaged with the past
-        self._overhead: dict[bool, deque[float]] = {
-            False: deque(maxlen=RECENT_ATTEMPTS),
-            True: deque(maxlen=RECENT_OOM_RETRIES),
-        }
+        self._overhead: deque[float] = deque(maxlen=RECENT_ATTEMPTS)
+        # (start, overhead) of the latest finished retries after an OOM kill, by end
+        self._retries: deque[tuple[float, float]] = deque(maxlen=KEPT_OOM_RETRIES)
         # the history each window's replay starts from: taken (`snapshot`) when the first
         # workflow it replays arrives, as the policies then saw it
         self.pending_snapshots: list[int] = []
@@ -213,15 +217,21 @@ class TrafficRecorder:
 
     def attempt_ended(
         self, at_s: float, failed: bool, reason: str = "", overhead_s: float | None = None,
-        after_oom: bool = False,
+        after_oom: bool = False, started_s: float | None = None,
     ) -> None:  # fmt: skip
-        """An attempt ended. `overhead_s`: for a finished one, its time on the node beyond
-        its measured compute and transfer (the restart after an OOM kill shows here)."""
+        """An attempt ended at `at_s` (it started at `started_s`, when known). `overhead_s`:
+        for a finished one, its time on the node beyond its measured compute and transfer
+        (the restart after an OOM kill shows here)."""
         self._clock(at_s)
         self.attempts += 1
         self.transient += failed and reason == "transient"
-        if overhead_s is not None and not failed:
-            self._overhead[after_oom].append(max(0.0, overhead_s))
+        if overhead_s is None or failed:
+            return
+        if after_oom:
+            start = started_s if started_s is not None else at_s - overhead_s
+            self._retries.append((start, max(0.0, overhead_s)))
+        else:
+            self._overhead.append(max(0.0, overhead_s))
 
     def ended(self, workflow_id: str, jct_s: float, met: bool, served: bool = True) -> None:
         """A workflow finished (or failed) after `jct_s` seconds; `served`: by the serving
@@ -263,10 +273,40 @@ class TrafficRecorder:
         mean: OOM kills are rare (a few per hundred workflows), so the latest 20 retries
         span hundreds of workflows, and once most of them show a new restart cost, that is
         the cost, not a blend with the old."""
-        after, other = self._overhead[True], self._overhead[False]
-        if not after:
+        latest = [o for _, o in list(self._retries)[-RECENT_OOM_RETRIES:]]
+        if not latest:
             return 0.0
-        return max(0.0, float(np.median(after)) - (float(np.mean(other)) if other else 0.0))
+        return max(0.0, float(np.median(latest)) - self._base_overhead())
+
+    @property
+    def oom_restart_from_s(self) -> float:
+        """When the latest restart cost (`oom_restart_s`) began to hold: the change point in
+        the kept retries after which the most show it (an extra time nearer to it than to
+        none) against those that do not (of two such points, the later), halfway between the
+        starts of the two retries that straddle it; 0 when every kept retry shows it. A
+        replay charges the cost to retries from then on only: charged from the replay's
+        start, a cost that changed within the replayed span would slow retries that never
+        paid it."""
+        cost = self.oom_restart_s
+        if cost <= 0:
+            return 0.0
+        base = self._base_overhead()
+        # +1 for a retry that shows the cost, -1 for one that does not; the best suffix sum
+        signs = [1 if o - base >= cost / 2 else -1 for _, o in self._retries]
+        best, best_at, run = 0, len(signs), 0
+        for j in range(len(signs) - 1, -1, -1):
+            run += signs[j]
+            if run > best:  # a tie keeps the later split: the noise before it is old
+                best, best_at = run, j
+        if best_at == 0:
+            return 0.0
+        starts = [s for s, _ in self._retries]
+        return (starts[best_at - 1] + starts[best_at]) / 2 if best_at < len(starts) else 0.0
+
+    def _base_overhead(self) -> float:
+        """The latest attempts' mean time on the node beyond compute and transfer, not after
+        an OOM kill: what any attempt costs."""
+        return float(np.mean(self._overhead)) if self._overhead else 0.0
 
     # -- windows ------------------------------------------------------------------------------
 
@@ -309,6 +349,7 @@ class TrafficRecorder:
             transient_failure=self.transient_failure,
             node_failure_per_hour=self.node_failure_per_hour,
             oom_restart_s=self.oom_restart_s,
+            oom_restart_from_s=self.oom_restart_from_s,
             elsewhere=frozenset(
                 i
                 for i in [*w.ids, *(x.id for x in w.warmup), *(x.id for x in after)]

@@ -85,16 +85,22 @@ class ReplayWorld:
         transient_failure: float = 0.0,
         node_failure_per_hour: float = 0.0,
         oom_restart_s: float = 0.0,
+        oom_restart_from_s: float = 0.0,
     ) -> ReplayWorld:
         """A world from what was observed; `base` gives what no event carries (speed table,
         network ranges, reward weights). `families` is what the tasks are drawn from;
-        `history` what the policies know when the replay starts (default: `families`)."""
+        `history` what the policies know when the replay starts (default: `families`); the
+        retry after an OOM kill restarts for `oom_restart_s` from `oom_restart_from_s` on."""
         faults = replace(
             base.faults,
             transient_task_failure=min(max(transient_failure, 0.0), 0.5),
             node_failure_per_hour=max(node_failure_per_hour, 0.0),
         )
-        shift = ShiftConfig(at_s=0.0, oom_restart_s=oom_restart_s) if oom_restart_s > 0 else None
+        shift = (
+            ShiftConfig(at_s=max(0.0, oom_restart_from_s), oom_restart_s=oom_restart_s)
+            if oom_restart_s > 0
+            else None
+        )
         sc = replace(
             base,
             cluster=cluster_from_nodes(nodes, base.cluster),

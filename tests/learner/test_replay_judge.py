@@ -13,6 +13,7 @@ from dagsched.learner.replay_feed import record_run
 from dagsched.learner.replay_judge import (
     RECENT_OOM_RETRIES,
     UNRELIABLE,
+    ObservedWindow,
     ReplayJudge,
     ReplayJudgeConfig,
     TrafficRecorder,
@@ -21,6 +22,7 @@ from dagsched.learner.replay_judge import (
 )
 from dagsched.learner.sequential import PairedRule, PairedTest
 from dagsched.settings import load_settings
+from dagsched.sim.config import ScenarioConfig
 from dagsched.sim.engine import Simulator
 from dagsched.sim.learned_truth import LearnedTruth
 from dagsched.sim.replay_world import AsServed, ReplayResult
@@ -171,6 +173,29 @@ def test_the_restart_cost_after_an_oom_kill_follows_a_change_within_a_few_retrie
     assert r.oom_restart_s == 3600.0  # the run's average would say a third of it
     r.attempt_ended(400.0, True, "oom", overhead_s=0.0, after_oom=True)  # a failed retry
     assert r.oom_restart_s == 3600.0
+
+
+def test_the_restart_cost_is_charged_from_when_it_began_to_hold() -> None:
+    """Retries started before the hour-long restart began did not pay it: the replay's
+    shift starts between the last retry without it and the first with it."""
+    r = TrafficRecorder(window_workflows=10, warmup_workflows=0)
+    for k in range(200):
+        r.attempt_ended(float(k), False, overhead_s=1.0)
+    for k in range(30):
+        r.attempt_ended(20.0 * k + 5, False, overhead_s=1.0, after_oom=True, started_s=20.0 * k)
+    assert r.oom_restart_s == 0.0 and r.oom_restart_from_s == 0.0
+    # one retry late in the old regime is slow for its own reasons: noise, not the change
+    r.attempt_ended(600.0 + 3601, False, overhead_s=3601.0, after_oom=True, started_s=600.0)
+    r.attempt_ended(700.0 + 5, False, overhead_s=1.0, after_oom=True, started_s=700.0)
+    for k in range(RECENT_OOM_RETRIES):
+        start = 1000.0 + 50.0 * k
+        r.attempt_ended(start + 3601, False, overhead_s=3601.0, after_oom=True, started_s=start)
+    assert r.oom_restart_s == 3600.0
+    assert r.oom_restart_from_s == (700.0 + 1000.0) / 2
+    obs = ObservedWindow(0, [_wf(0)], [], {}, {}, [], {}, {}, oom_restart_s=r.oom_restart_s,
+                         oom_restart_from_s=r.oom_restart_from_s)  # fmt: skip
+    shift = obs.world(ScenarioConfig()).scenario.shift
+    assert shift is not None and shift.at_s == 850.0 and shift.oom_restart_s == 3600.0
 
 
 def test_learned_truth_draws_from_history_with_common_random_numbers() -> None:
