@@ -289,6 +289,12 @@ class Running:
     async def until_serving(self, arm: str, version: str | None, timeout: float = 30.0) -> None:
         await wait_for(lambda: self.serves(arm, version), timeout, f"{arm} {version} to serve")
 
+    async def knows_nodes(self, n: int) -> bool:
+        """Whether the cluster view it decides from has `n` live nodes (the updater applied
+        their heartbeats)."""
+        view = await self.daemon.store.view()
+        return view is not None and int(view.alive.sum()) == n
+
 
 @pytest.fixture
 async def start_daemon(settings: Settings) -> AsyncIterator[Callable[..., Any]]:

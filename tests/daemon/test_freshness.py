@@ -6,7 +6,7 @@ import time
 
 from dagsched.schemas.messages import NodeHeartbeatMsg, TaskReadyMsg
 from dagsched.settings import Settings
-from tests.daemon.conftest import Client, Running, wait_for
+from tests.daemon.conftest import Client, wait_for
 
 
 async def test_a_batch_waits_for_the_events_up_to_its_ready_time(
@@ -42,15 +42,10 @@ async def test_a_late_view_gives_up_after_view_wait_ms(
     )
     await client.heartbeats(2)
     d = await start_daemon(s)
-    await wait_for(lambda: _knows_nodes(d, 2), what="the daemon to know both nodes")
+    await wait_for(lambda: d.knows_nodes(2), what="the daemon to know both nodes")
     await client.workflow("wf-g", n_tasks=2)
     ready = TaskReadyMsg(workflow_id="wf-g", task=0, attempt=0, at=100.0)
     await client.send("tasks", ready.encode(), "wf-g")
     (decision,) = await client.wait("decisions", 1)  # decided on what it knew
     assert decision.node in ("node-0000", "node-0001")
     assert (await d.metrics()).value("dagsched_stale_views_total") == 1
-
-
-async def _knows_nodes(d: Running, n: int) -> bool:
-    view = await d.daemon.store.view()
-    return view is not None and int(view.alive.sum()) == n

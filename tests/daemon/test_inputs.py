@@ -153,13 +153,8 @@ async def test_a_deeply_nested_record_is_dead_lettered_and_the_daemon_goes_on(
     await client.send("events", big.encode(), "node-big")
     # the updater applies it (under a loaded run the daemon could otherwise decide the next
     # task on a view from before it, within its freshness wait)
-    await wait_for(lambda: _knows_nodes(running, 3), what="the daemon to know node-big")
+    await wait_for(lambda: running.knows_nodes(3), what="the daemon to know node-big")
     await client.workflow("big", n_tasks=1, cores=40.0)
     await client.ready("big", 0)
     decisions = await client.wait("decisions", 2)
     assert decisions[-1].workflow_id == "big" and decisions[-1].node == "node-big"
-
-
-async def _knows_nodes(running, n: int) -> bool:  # type: ignore[no-untyped-def]
-    view = await running.daemon.store.view()
-    return view is not None and int(view.alive.sum()) == n
