@@ -18,7 +18,7 @@ that is enough for the replays to diverge by several percent per replay, so the 
 the judge against changes worth nothing, which is harder than a bit-identical copy (that
 one replays identically under common random numbers and can never be promoted).
 
-    .venv/bin/python bench/replay_interference.py [--quick] [--json] [--seeds 2]
+    .venv/bin/python bench/replay_interference.py [--quick] [--json] [--seeds 2] [--first-seed 0]
         [--workflows 500] [--replays 8] [--warmup 200] [--window 100] [--shift -0.4]
         [--max-jct-err 0.15] [--baseline] [--out DIR]
 
@@ -135,6 +135,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="1 seed, K=4, warm-up 100")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--seeds", type=int, default=2)
+    ap.add_argument("--first-seed", type=int, default=0, help="seeds first-seed, first-seed+1, ...")
     ap.add_argument("--workflows", type=int, default=500)
     ap.add_argument("--replays", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=200)
@@ -160,7 +161,7 @@ def main() -> None:
         replays=args.replays, fidelity_max_jct_err=args.max_jct_err,
     )  # fmt: skip
     rows = []
-    for seed in range(args.seeds):
+    for seed in range(args.first_seed, args.first_seed + args.seeds):
         sc0 = replace(s.sim, workload=replace(s.sim.workload, workflows=args.workflows), shift=None)
         at = shift_time(sc0, seed, args.workflows, args.shift_at)
         sc = replace(sc0, shift=replace(s.sim.shift, at_s=at, release_every=args.release_every))

@@ -271,6 +271,7 @@ class ReplaySettings(_Strict):
     alpha: float = Field(default=0.05, gt=0, lt=1)
     min_replays: int = Field(default=16, ge=2)  # paired differences before any verdict
     min_windows: int = Field(default=2, ge=1)  # and windows (their spread enters the variance)
+    min_windows_futile: int = Field(default=4, ge=1)  # windows before a futility retirement
     max_replays: int = Field(default=400, ge=2)  # then the challenger is retired
     tau_jct: float = Field(default=0.05, gt=0)  # mixing-prior sd of the relative JCT reduction
     tau_sla: float = Field(default=0.03, gt=0)

@@ -419,6 +419,7 @@ def config_from(cfg: ReplaySettings) -> ReplayJudgeConfig:
         min_samples=cfg.min_replays,
         max_samples=cfg.max_replays,
         min_windows=cfg.min_windows,
+        min_windows_futile=cfg.min_windows_futile,
         tau={"jct": cfg.tau_jct, "sla": cfg.tau_sla, "reward": cfg.tau_reward},
         min_effect={
             "jct": cfg.min_effect_jct,

@@ -161,10 +161,17 @@ def decide(
 
 
 def _by_rule(
-    stats: dict[str, Any], rule: Any, n: int, spent: int, enough: str, budget: str
+    stats: dict[str, Any],
+    rule: Any,
+    n: int,
+    spent: int,
+    enough: str,
+    budget: str,
+    futility: bool = True,
 ) -> Verdict:
     """The rule of the module docstring on per-metric intervals `stats`: `n` samples seen
-    (against `rule.min_samples`, counted as `enough` says), `spent` of the budget."""
+    (against `rule.min_samples`, counted as `enough` says), `spent` of the budget; no
+    futility retirement unless `futility`."""
     text = rule.describe()
     if n < rule.min_samples:
         return Verdict("continue", f"fewer than {rule.min_samples} {enough}", text, stats)
@@ -174,7 +181,7 @@ def _by_rule(
     better = [m for m, s in stats.items() if s.lower > 0 and s.diff >= rule.min_effect[m]]
     if better:
         return Verdict("promote", f"challenger better on {', '.join(better)}", text, stats)
-    if all(s.upper < rule.min_effect[m] for m, s in stats.items()):
+    if futility and all(s.upper < rule.min_effect[m] for m, s in stats.items()):
         return Verdict("retire", "futile: cannot reach the minimum effect", text, stats)
     if spent >= rule.max_samples:
         return Verdict("retire", f"budget of {rule.max_samples} {budget} spent", text, stats)
@@ -247,6 +254,10 @@ class PairedRule:
     min_samples: int = 16
     max_samples: int = 400
     min_windows: int = 2  # windows before any verdict (their spread is part of the variance)
+    # windows before a futility retirement: the first windows follow a cold start, where a
+    # change that relieves congestion has had no backlog to relieve yet, so their gain
+    # understates the steady one; waiting costs replays, retiring early costs the version
+    min_windows_futile: int = 4
     tau: dict[str, float] = field(
         default_factory=lambda: {"jct": 0.05, "sla": 0.03, "reward": 0.02}
     )
@@ -260,7 +271,8 @@ class PairedRule:
             f"paired mSPRT (normal mixture) on per-replay differences, alpha={self.alpha:g} "
             f"split over {len(PAIRED_METRICS)} metrics, variance the larger of per-replay "
             f"and between-window, min_samples={self.min_samples}, "
-            f"min_windows={self.min_windows}, max_samples={self.max_samples}, "
+            f"min_windows={self.min_windows}, min_windows_futile={self.min_windows_futile}, "
+            f"max_samples={self.max_samples}, "
             f"tau={self.tau}, min_effect={self.min_effect}"
         )
 
@@ -322,4 +334,5 @@ class PairedTest:
             n = self.windows["jct"].n
             return Verdict("continue", f"fewer than {rule.min_windows} windows ({n})",
                            rule.describe(), stats)  # fmt: skip
-        return _by_rule(stats, rule, self.n, self.n, "replays", "replays")
+        futility = self.windows["jct"].n >= rule.min_windows_futile
+        return _by_rule(stats, rule, self.n, self.n, "replays", "replays", futility)

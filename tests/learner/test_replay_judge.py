@@ -84,6 +84,30 @@ def test_paired_test_waits_for_min_windows() -> None:
     assert t.verdict().decision == "promote"
 
 
+def test_paired_test_waits_for_min_windows_futile_before_calling_futility() -> None:
+    # a sure +0.5%, short of the 2% minimum effect: futile once enough windows are in
+    rule = PairedRule(min_samples=4, min_windows=2, min_windows_futile=4)
+    rng = np.random.default_rng(2)
+    t = PairedTest(rule)
+    decisions = []
+    for _ in range(4):
+        t.add_window([{"jct": 0.005 + rng.normal(0, 0.001), "sla": 0.0, "reward": 0.0}
+                      for _ in range(8)])  # fmt: skip
+        decisions.append(t.verdict())
+    assert [v.decision for v in decisions[:3]] == ["continue"] * 3
+    assert decisions[1].stats["jct"].upper < rule.min_effect["jct"]  # futile by then, held
+    assert decisions[3].decision == "retire" and "futile" in decisions[3].reason
+
+
+def test_paired_test_retires_a_worse_challenger_before_min_windows_futile() -> None:
+    rule = PairedRule(min_samples=4, min_windows=2, min_windows_futile=4)
+    t = PairedTest(rule)
+    for _ in range(2):
+        t.add_window([{"jct": -0.2, "sla": -0.1, "reward": -0.05}] * 8)
+    v = t.verdict()
+    assert v.decision == "retire" and "worse" in v.reason
+
+
 def test_paired_diffs_are_higher_better() -> None:
     a = ReplayResult({"x": 100.0}, {"x": False}, [0.1])
     b = ReplayResult({"x": 80.0}, {"x": True}, [0.3])
