@@ -146,7 +146,11 @@ async def test_the_replay_judge_promotes_once_the_canary_is_clean(
     assert first["judge"] == "replay" and first["reason"].startswith("replay: challenger better")
     assert "canary clean" in first["reason"]
     replay, canary = first["replay"], first["canary"]
-    assert replay["decision"] == "promote" and replay["stats"]["jct"]["lower"] > 0
+    assert replay["decision"] == "promote"
+    # the metrics the verdict names are the ones whose interval clears zero (which of JCT,
+    # SLA and reward gets there first on two small windows varies run to run)
+    named = replay["reason"].removeprefix("challenger better on ").split(", ")
+    assert named and all(replay["stats"][m]["lower"] > 0 for m in named), replay
     assert replay["fidelity"]["observed_jct_s"] > 0 and replay["fidelity"]["predicted_jct_s"] > 0
     assert canary["status"] == "clean" and canary["workflows"] >= 10
     assert reg.alias_version(CHAMPION) == v2
