@@ -66,6 +66,9 @@ class PolicyError(RuntimeError):
 
 
 _heappush, _heappop = heapq.heappush, heapq.heappop
+# attempts per task whose transient failure is drawn at arrival with `keyed_attempts` (a
+# task that fails more often draws the rest from the run's stream)
+KEYED_ATTEMPTS = 4
 
 
 def queue_key(t: TaskRun) -> tuple[float, int]:
@@ -87,14 +90,22 @@ class Simulator:
         keep_log: bool = False,
         truth: TruthModel | None = None,
         history: History | None = None,
+        keyed_attempts: bool = False,
     ) -> None:
         """`truth` replaces the hidden truth drawn from the scenario's `TruthConfig` (a replay
         plays on what history learned, `sim.learned_truth`); `history` is what was measured
-        before the run (empty by default), which policies read from the first decision."""
-        streams = np.random.SeedSequence(seed).spawn(4)
+        before the run (empty by default), which policies read from the first decision.
+
+        `keyed_attempts` draws whether, and when, each of a task's first `KEYED_ATTEMPTS`
+        attempts fails on its own when its workflow arrives, so that two policies played on
+        one seed meet the same transient failures task by task (common random numbers). By
+        default they are drawn as attempts start, from one stream: once two policies start
+        one attempt in a different order, every later draw lands on another task."""
+        streams = np.random.SeedSequence(seed).spawn(5)
         cluster_rng, fault_rng, task_rng, self._truth_rng = (
-            np.random.default_rng(s) for s in streams
+            np.random.default_rng(s) for s in streams[:4]
         )
+        self._attempt_rng = np.random.default_rng(streams[4]) if keyed_attempts else None
         # Per-attempt draws use the stdlib generator (seeded from the run's SeedSequence):
         # one numpy scalar draw costs ~15x more, and there are millions of them.
         self._random = random.Random(int(task_rng.integers(2**63)))
@@ -305,6 +316,10 @@ class Simulator:
             t.use_cores = t.spec.cpu_cores * cpu
             t.peak_mem = t.spec.mem_gb * mem
             t.true_s = t.spec.duration_s * rt
+        if self._attempt_rng is not None:
+            draws = self._attempt_rng.random((len(run.tasks), KEYED_ATTEMPTS, 2)).tolist()
+            for t, d in zip(run.tasks, draws, strict=True):
+                t.draws = d
         for t in run.tasks:
             if t.waiting_parents == 0:
                 self._make_ready(t)
@@ -387,11 +402,19 @@ class Simulator:
         if t.res_mem < t.peak_mem:  # memory grows with progress until it crosses the limit
             at = t.compute_start_s + t.compute_s * t.res_mem / t.peak_mem
             self._push(at, FAIL, (t, _OOM), t.token)
-        elif self._u() < c.transient_failure[node]:
-            at = t.compute_start_s + t.compute_s * self._u()
+        elif self._attempt_u(t, 0) < c.transient_failure[node]:
+            at = t.compute_start_s + t.compute_s * self._attempt_u(t, 1)
             self._push(at, FAIL, (t, _TRANSIENT), t.token)
         else:
             self._push(t.compute_start_s + t.compute_s, FINISH, t, t.token)
+
+    def _attempt_u(self, t: TaskRun, i: int) -> float:
+        """Uniform `i` of `t`'s current attempt (0: does it fail on its own, 1: when): drawn
+        at its workflow's arrival with `keyed_attempts`, else the next of the run's stream."""
+        d = t.draws
+        if d is not None and t.attempt < KEYED_ATTEMPTS:
+            return float(d[t.attempt][i])
+        return self._u()
 
     def _drain(self, node: int) -> None:
         """Start every queued attempt that fits now, in queue order: by priority, then the

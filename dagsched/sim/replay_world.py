@@ -9,8 +9,10 @@ from the hidden truth, and returns per-workflow outcomes of the workflows the wi
 (the warm-up workflows before them and the later arrivals after them only load the
 cluster; a replay ends once the counted workflows have).
 
-Two policies played with the same seed meet the same arrivals, the same per-task ratios and
-the same node crashes (the engine's streams are per concern): common random numbers.
+Two policies played with the same seed meet the same arrivals, the same per-task ratios, the
+same node crashes (the engine's streams are per concern) and the same transient failures,
+task by task (each task's drawn at its arrival, not as attempts start, whose order the
+policies change): common random numbers.
 """
 
 from __future__ import annotations
@@ -68,6 +70,9 @@ class ReplayWorld:
     scenario: ScenarioConfig  # cluster, faults and the OOM restart, as observed
     families: Mapping[str, FamilyStats] = field(default_factory=dict)  # the learned truth
     history: Mapping[str, FamilyStats] = field(default_factory=dict)  # what policies start with
+    # each task's transient failures drawn at its arrival (`Simulator(keyed_attempts=...)`),
+    # so that the versions compared on one seed meet them task by task
+    keyed_attempts: bool = True
 
     def __post_init__(self) -> None:
         if not self.counted:
@@ -220,6 +225,7 @@ def play(world: ReplayWorld, policy: Policy, seed: int) -> ReplayResult:
         on_outcome=tracker,
         truth=LearnedTruth(world.families),
         history=history,
+        keyed_attempts=world.keyed_attempts,
     )
     tracker.sim = sim
     ended = tracker.result.jct_s

@@ -95,6 +95,7 @@ class TaskRun:
         "cpu",
         "credit",
         "decided_jain",
+        "draws",
         "end_s",
         "failures",
         "idx",
@@ -127,6 +128,7 @@ class TaskRun:
         self.state = TaskState.WAITING
         self.waiting_parents = len(run.wf.parents[idx])
         self.attempt = 0
+        self.draws: list[list[float]] | None = None  # per attempt, with keyed attempt draws
         self.failures = 0
         self.after_oom = False  # its last failed attempt was OOM-killed
         self.node = -1

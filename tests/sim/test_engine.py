@@ -260,3 +260,35 @@ def test_remote_parent_output_is_transferred_first() -> None:
     xfer = sim.cluster.network.transfer_s(0, 3, 5e9)
     assert xfer > 0.4  # 5 GB over at most 10 Gbit/s
     assert c_row[5] == pytest.approx(p_row[6] + xfer)
+
+
+def _first_attempts_failed(sc: ScenarioConfig, policy: str, keyed: bool) -> set[tuple[str, int]]:
+    sim = Simulator(sc, generate_workflows(sc, 0), seed=5, keep_log=True, keyed_attempts=keyed)
+    sim.run(make_policy(policy, 0))
+    assert sim.log is not None
+    return {(r.wf_id, r.idx) for r in sim.log if r.attempt == 0 and r.outcome == "transient"}
+
+
+def test_keyed_attempt_draws_give_two_policies_the_same_transient_failures() -> None:
+    # two policies start attempts in different orders: from one stream, which task a
+    # transient failure lands on is reshuffled; drawn per task at arrival, a task fails under
+    # both unless its draw falls between the two nodes' rates (each node's is 0.5-1.5x)
+    sc = small_scenario(workflows=40, node_failure_per_hour=0.0, transient=0.2)
+
+    def overlap(keyed: bool) -> float:
+        a = _first_attempts_failed(sc, "heft", keyed)
+        b = _first_attempts_failed(sc, "least_loaded", keyed)
+        return len(a & b) / len(a | b)
+
+    assert overlap(keyed=True) > 0.4
+    assert overlap(keyed=False) < 0.25
+
+
+def test_keyed_attempt_draws_change_nothing_else() -> None:
+    # with no transient failures the keyed draws are never read: the same run to the byte
+    sc = small_scenario(workflows=20, transient=0.0)
+    a = Simulator(sc, generate_workflows(sc, 0), seed=2, keep_log=True)
+    b = Simulator(sc, generate_workflows(sc, 0), seed=2, keep_log=True, keyed_attempts=True)
+    a.run(make_policy("heft", 2))
+    b.run(make_policy("heft", 2))
+    assert json.dumps(a.log) == json.dumps(b.log)
