@@ -19,7 +19,7 @@ the judge against changes worth nothing, which is harder than a bit-identical co
 one replays identically under common random numbers and can never be promoted).
 
     .venv/bin/python bench/replay_interference.py [--quick] [--json] [--seeds 2] [--first-seed 0]
-        [--workflows 500] [--replays 8] [--warmup 200] [--window 100] [--shift -0.4]
+        [--workflows 500] [--replays 8] [--warmup N] [--window 100] [--shift -0.4]
         [--max-jct-err 0.15] [--baseline] [--out DIR]
 
 `--baseline` plays heft_history as the champion (fast; the variant shifts its reservation
@@ -138,7 +138,7 @@ def main() -> None:
     ap.add_argument("--first-seed", type=int, default=0, help="seeds first-seed, first-seed+1, ...")
     ap.add_argument("--workflows", type=int, default=500)
     ap.add_argument("--replays", type=int, default=8)
-    ap.add_argument("--warmup", type=int, default=200)
+    ap.add_argument("--warmup", type=int, help="arrivals replayed first (default: the judge's)")
     ap.add_argument("--window", type=int, default=100)
     ap.add_argument("--shift-at", type=float, default=0.1)
     interference_world_arg(ap)
@@ -156,8 +156,11 @@ def main() -> None:
     champion: Scheduler = HeftHistory() if args.baseline else load_bundle(CHAMPION, "v1")
     variant = ShiftedReservation(champion, "cpu", args.shift, "variant")
     copy = ShiftedReservation(champion, "cpu", 0.0, "copy")
+    judge = config_from(s.evaluator.replay)
+    if args.warmup is None:
+        args.warmup = judge.warmup_workflows
     cfg = replace(
-        config_from(s.evaluator.replay), window_workflows=args.window, warmup_workflows=args.warmup,
+        judge, window_workflows=args.window, warmup_workflows=args.warmup,
         replays=args.replays, fidelity_max_jct_err=args.max_jct_err,
     )  # fmt: skip
     rows = []

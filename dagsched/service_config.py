@@ -263,14 +263,19 @@ class ReplaySettings(_Strict):
     """The replay judge (`learner.replay_judge`): windows, replays, the paired test, fidelity."""
 
     window_workflows: int = Field(default=100, ge=1)  # arrivals per window (non-overlapping)
-    warmup_workflows: int = Field(default=200, ge=0)  # earlier arrivals replayed first, uncounted
+    # earlier arrivals replayed first, uncounted: long enough to build the congestion the
+    # window really met (a change that relieves it is seen only then)
+    warmup_workflows: int = Field(default=1000, ge=0)
     # later arrivals replayed after the window, uncounted: those that came while its
     # workflows ran, at most this many (the traffic its last workflows competed with)
     after_workflows: int = Field(default=150, ge=0)
     replays: int = Field(default=8, ge=1)  # K per version per window (common random numbers)
     alpha: float = Field(default=0.05, gt=0, lt=1)
     min_replays: int = Field(default=16, ge=2)  # paired differences before any verdict
-    min_windows: int = Field(default=2, ge=1)  # and windows (their spread enters the variance)
+    min_windows: int = Field(default=2, ge=1)  # and windows
+    # the test's variance: "replays" (the gain on the traffic seen) or "windows" (the larger
+    # of that and the spread between windows: the gain on traffic like it)
+    variance: Literal["replays", "windows"] = "replays"
     min_windows_futile: int = Field(default=4, ge=1)  # windows before a futility retirement
     max_replays: int = Field(default=400, ge=2)  # then the challenger is retired
     tau_jct: float = Field(default=0.05, gt=0)  # mixing-prior sd of the relative JCT reduction

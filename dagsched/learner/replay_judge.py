@@ -21,8 +21,10 @@ history, the fault rates and the OOM restart time that the events revealed.
   workflows the serving version served; above `fidelity_max_jct_err` the verdict is
   `unreliable` and nothing is added), then feeds the K per-replay
   differences to the paired mSPRT (`sequential.PairedTest`). Windows do not overlap, so
-  no replay is counted twice; the K replays of one window share its workflows, so the test
-  takes the spread between windows into its variance and waits for `min_windows`.
+  no replay is counted twice. The K replays of one window share its workflows: by default
+  (`variance: replays`) the test asks what the challenger gains on the traffic seen, and
+  the per-replay spread is its noise; `variance: windows` also takes the spread between
+  windows, to ask about traffic like it. Either way it waits for `min_windows`.
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ class ReplayJudgeConfig:
     """How windows are cut and replayed, and the paired test's rule."""
 
     window_workflows: int = 100
-    warmup_workflows: int = 200
+    warmup_workflows: int = 1000
     after_workflows: int = 150  # at most this many later arrivals replayed after the window
     replays: int = 8  # K: replays per version per window
     fidelity_max_jct_err: float = 0.15
@@ -420,6 +422,7 @@ def config_from(cfg: ReplaySettings) -> ReplayJudgeConfig:
         max_samples=cfg.max_replays,
         min_windows=cfg.min_windows,
         min_windows_futile=cfg.min_windows_futile,
+        variance=cfg.variance,
         tau={"jct": cfg.tau_jct, "sla": cfg.tau_sla, "reward": cfg.tau_reward},
         min_effect={
             "jct": cfg.min_effect_jct,

@@ -253,7 +253,7 @@ class PairedRule:
     alpha: float = 0.05
     min_samples: int = 16
     max_samples: int = 400
-    min_windows: int = 2  # windows before any verdict (their spread is part of the variance)
+    min_windows: int = 2  # windows before any verdict: no verdict on one stretch of traffic
     # windows before a futility retirement: the first windows follow a cold start, where a
     # change that relieves congestion has had no backlog to relieve yet, so their gain
     # understates the steady one; waiting costs replays, retiring early costs the version
@@ -265,12 +265,21 @@ class PairedRule:
         default_factory=lambda: {"jct": 0.02, "sla": 0.01, "reward": 0.005}
     )
     var_floor: float = 1e-6  # keeps V > 0 when every difference is equal (identical policies)
+    # what the test's variance is taken from (`compare_paired`): "replays", the spread of the
+    # per-replay differences (the gain on the traffic seen: windows are fixed, replays are
+    # the samples), or "windows", the larger of that and the spread between the windows'
+    # means (the gain on traffic like it: windows are samples too)
+    variance: Literal["replays", "windows"] = "replays"
 
     def describe(self) -> str:
+        spread = {
+            "replays": "variance of the per-replay differences",
+            "windows": "variance the larger of per-replay and between-window",
+        }[self.variance]
         return (
             f"paired mSPRT (normal mixture) on per-replay differences, alpha={self.alpha:g} "
-            f"split over {len(PAIRED_METRICS)} metrics, variance the larger of per-replay "
-            f"and between-window, min_samples={self.min_samples}, "
+            f"split over {len(PAIRED_METRICS)} metrics, {spread}, "
+            f"min_samples={self.min_samples}, "
             f"min_windows={self.min_windows}, min_windows_futile={self.min_windows_futile}, "
             f"max_samples={self.max_samples}, "
             f"tau={self.tau}, min_effect={self.min_effect}"
@@ -278,16 +287,22 @@ class PairedRule:
 
 
 def compare_paired(
-    diffs: Running, windows: Running, tau: float, alpha: float, var_floor: float
+    diffs: Running, windows: Running | None, tau: float, alpha: float, var_floor: float
 ) -> MetricStats:
     """One metric's confidence sequence on the mean of paired differences; the champion's
     side of `MetricStats` is 0 and the challenger's is the mean difference. The variance of
-    the mean is the larger of s^2/n over the replays and s_w^2/G over the G windows' means:
-    replays of one window share its workflows, so they are not independent draws of what
-    the challenger would change, and the spread between windows is what says so."""
+    the mean is s^2/n over the replays; given the windows' means (`windows`), the larger of
+    that and s_w^2/G over the G windows.
+
+    The two answer different questions. Replays of one window share its workflows, so the
+    replays alone measure the gain on the traffic seen: under the null that the challenger
+    changes nothing on it, each window's replays have mean 0 and the per-replay spread is
+    the whole of the noise. The spread between windows adds how much the gain itself moves
+    from one stretch of traffic to the next (a congestion gain is nil while the cluster
+    fills and largest at its peak), which matters to a claim about traffic not yet seen."""
     n = max(diffs.n, 1)
     v = max(diffs.var, var_floor) / n
-    if windows.n > 1:
+    if windows is not None and windows.n > 1:
         v = max(v, windows.var / windows.n)
     log_lambda, w = mixture(diffs.mean, v, tau, alpha)
     d = diffs.mean
@@ -297,7 +312,8 @@ def compare_paired(
 class PairedTest:
     """The mSPRT on paired differences, fed one window's replays at a time. Under the null
     the differences have mean 0 whatever else they share (a window, the world's draws), so
-    the mixture is a martingale and the test may look after every window."""
+    the mixture is a martingale and the test may look after every window. Replays of
+    different windows use different seeds, so no two share their draws."""
 
     def __init__(self, rule: PairedRule) -> None:
         self.rule = rule
@@ -326,10 +342,11 @@ class PairedTest:
         """Promote, retire or continue, by `decide`'s rule over the paired metrics."""
         rule = self.rule
         a = rule.alpha / len(PAIRED_METRICS)
-        stats = {
-            m: compare_paired(self.diffs[m], self.windows[m], rule.tau[m], a, rule.var_floor)
-            for m in PAIRED_METRICS
-        }
+        between = rule.variance == "windows"
+        stats = {}
+        for m in PAIRED_METRICS:
+            windows = self.windows[m] if between else None
+            stats[m] = compare_paired(self.diffs[m], windows, rule.tau[m], a, rule.var_floor)
         if self.windows["jct"].n < rule.min_windows:
             n = self.windows["jct"].n
             return Verdict("continue", f"fewer than {rule.min_windows} windows ({n})",

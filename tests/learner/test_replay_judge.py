@@ -57,22 +57,45 @@ def test_paired_test_waits_for_min_samples_and_identical_never_promotes() -> Non
     assert v.decision == "retire" and "futile" in v.reason
 
 
-def test_paired_test_counts_the_spread_between_windows() -> None:
+def _windows_that_disagree(rule: PairedRule) -> PairedTest:
     # each window's 8 replays agree (the window's workflows favour one version), but the
-    # windows disagree: +5%, 0%, +4%, +1%. Taken as 32 independent replays it is a sure
-    # +2.5%; four windows say it may be nothing
-    rule = PairedRule(min_samples=16)
+    # windows disagree: +5%, 0%, +4%, +1%
     rng = np.random.default_rng(1)
-    t, iid = PairedTest(rule), PairedTest(rule)
+    t = PairedTest(rule)
     for gain in (0.05, 0.0, 0.04, 0.01):
-        replays = [{"jct": gain + rng.normal(0, 0.002), "sla": 0.0, "reward": 0.0}
-                   for _ in range(8)]  # fmt: skip
-        t.add_window(replays)
-        for d in replays:
-            iid.add(d)  # each its own window: what the test did before it knew windows
-    assert iid.verdict().decision == "promote"
-    v = t.verdict()
+        t.add_window([{"jct": gain + rng.normal(0, 0.002), "sla": 0.0, "reward": 0.0}
+                      for _ in range(8)])  # fmt: skip
+    return t
+
+
+def test_paired_test_by_default_judges_the_gain_on_the_traffic_seen() -> None:
+    # on these four windows the challenger is a sure +2.5%: the replays are the noise
+    v = _windows_that_disagree(PairedRule(min_samples=16)).verdict()
+    assert v.decision == "promote" and v.stats["jct"].lower > 0
+
+
+def test_paired_test_over_windows_counts_the_spread_between_them() -> None:
+    # four windows this far apart say the gain on traffic like it may be nothing
+    v = _windows_that_disagree(PairedRule(min_samples=16, variance="windows")).verdict()
     assert v.decision != "promote" and v.stats["jct"].lower < 0
+    assert "between-window" in v.rule
+
+
+def test_paired_test_does_not_promote_a_change_worth_nothing_in_any_window() -> None:
+    # every window's replays centre on 0 with the spread a loaded replay has (6% a replay,
+    # as an identical copy's do); a window's mean still lands up to ~4 points off 0
+    rule = PairedRule(min_samples=16)
+    promoted = 0
+    for seed in range(40):
+        rng = np.random.default_rng(100 + seed)
+        t = PairedTest(rule)
+        for _ in range(10):
+            t.add_window([{"jct": rng.normal(0, 0.06), "sla": rng.normal(0, 0.03),
+                           "reward": rng.normal(0, 0.01)} for _ in range(8)])  # fmt: skip
+            if t.verdict().decision == "promote":
+                promoted += 1
+                break
+    assert promoted <= 2  # alpha 0.05 over 40 runs of 10 looks each
 
 
 def test_paired_test_waits_for_min_windows() -> None:
