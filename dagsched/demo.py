@@ -60,6 +60,7 @@ class Story:
     replay_windows: list[dict[str, Any]] = field(default_factory=list)  # the replay judge's
     audit: list[dict[str, Any]] = field(default_factory=list)
     rounds: list[str] = field(default_factory=list)
+    searched: list[dict[str, Any]] = field(default_factory=list)  # the learner's head searches
     settings: dict[str, Any] = field(default_factory=dict)
 
     def sla(self, before: bool | None = None, arm: str | None = None) -> tuple[float, int]:
@@ -90,6 +91,7 @@ class Story:
             "sla": sla,
             "replay": self.replay,
             "rounds": self.rounds,
+            "searched": self.searched,
             "versions": self.versions,
             "verdicts": self.verdicts,
             "replay_windows": self.replay_windows,
@@ -186,10 +188,12 @@ async def run_demo(
         verdicts=verdicts,
         replay_windows=replay_windows(evaluator),
         rounds=learner.rounds,
+        searched=learner.searched,
         settings={
             "challenger_share": s.daemon.challenger_share,
             "every_n_tasks": s.learner.every_n_tasks,
             "learner": s.learner.method,
+            "min_gain": s.learner.search.min_gain,
             "min_samples": s.evaluator.min_samples,
             "judge": s.evaluator.judge,
             "rule": evaluator.judge.rule.describe(),

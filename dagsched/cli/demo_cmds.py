@@ -92,6 +92,15 @@ def tell(doc: dict[str, Any], context: list[dict[str, Any]]) -> None:
         f"The learner fine-tuned the actor heads{how}, a round due every"
         f" {doc['settings']['every_n_tasks']} completed tasks: {len(doc['rounds'])} version(s)."
     )
+    if searched := doc.get("searched"):
+        console.print(
+            f"   {len(searched)} search(es); a move is kept when it shortens the replayed"
+            f" mean JCT by {doc['settings']['min_gain']:.0%}:"
+        )
+        for r in searched:
+            moved = ", ".join(f"{k} {v:+.2f}" for k, v in r["moved"].items()) or "no move"
+            windows = ", ".join(map(str, r["windows"]))
+            console.print(f"   windows {windows}: {moved} ({r['gain']:+.1%} on the replays)")
     if doc["settings"].get("judge") == "replay":
         console.print(
             "[bold]4. Verdicts[/bold]: the replay judge replays each closed window for the"

@@ -116,6 +116,8 @@ class LearnerService:
         self.window: deque[Joined] = deque(maxlen=self.cfg.window)
         self.completed = 0
         self.rounds: list[str] = []  # versions registered, in order
+        # each head search run (`learner.method: search`): the windows and what it found
+        self.searched: list[dict[str, Any]] = []
         self.aliases: list[str] = []  # the alias each of them got (challenger or shadow)
         self.waited = 0  # due checks that found a challenger under test and waited
         self._waiting_on: str | None = None
@@ -366,6 +368,9 @@ class LearnerService:
                 return None
             res, metrics = got, got.metrics()
             log.info("learner.search", parent=parent, windows=indices, **metrics)
+            self.searched.append(
+                {"windows": indices, "gain": metrics["search/gain"], "moved": dict(res.moved)}
+            )
             if not res.moved:
                 return None
         moved = ", ".join(f"{k} {v:+.2f}" for k, v in res.moved.items())
