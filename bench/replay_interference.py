@@ -19,7 +19,7 @@ the judge against changes worth nothing, which is harder than a bit-identical co
 one replays identically under common random numbers and can never be promoted).
 
     .venv/bin/python bench/replay_interference.py [--quick] [--json] [--seeds 2] [--first-seed 0]
-        [--workflows 500] [--replays 8] [--warmup N] [--window 100] [--shift -0.4]
+        [--workflows 500] [--replays K] [--warmup N] [--window 100] [--shift -0.4]
         [--max-jct-err 0.15] [--baseline] [--out DIR]
 
 `--baseline` plays heft_history as the champion (fast; the variant shifts its reservation
@@ -137,7 +137,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--first-seed", type=int, default=0, help="seeds first-seed, first-seed+1, ...")
     ap.add_argument("--workflows", type=int, default=500)
-    ap.add_argument("--replays", type=int, default=8)
+    ap.add_argument("--replays", type=int, help="K per version per window (default: the judge's)")
     ap.add_argument("--warmup", type=int, help="arrivals replayed first (default: the judge's)")
     ap.add_argument("--window", type=int, default=100)
     ap.add_argument("--shift-at", type=float, default=0.1)
@@ -159,6 +159,8 @@ def main() -> None:
     judge = config_from(s.evaluator.replay)
     if args.warmup is None:
         args.warmup = judge.warmup_workflows
+    if args.replays is None:
+        args.replays = judge.replays
     cfg = replace(
         judge, window_workflows=args.window, warmup_workflows=args.warmup,
         replays=args.replays, fidelity_max_jct_err=args.max_jct_err,

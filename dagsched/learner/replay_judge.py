@@ -69,7 +69,7 @@ class ReplayJudgeConfig:
     window_workflows: int = 100
     warmup_workflows: int = 1000
     after_workflows: int = 150  # at most this many later arrivals replayed after the window
-    replays: int = 8  # K: replays per version per window
+    replays: int = 16  # K: replays per version per window
     fidelity_max_jct_err: float = 0.15
     # fidelity is measured over the last this many judged windows together: one window's
     # mean JCT is too noisy a target (one realisation of a heavy-tailed world)
