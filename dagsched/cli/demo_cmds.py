@@ -97,10 +97,10 @@ def tell(doc: dict[str, Any], context: list[dict[str, Any]]) -> None:
             f"   {len(searched)} search(es); a move is kept when it shortens the replayed"
             f" mean JCT by {doc['settings']['min_gain']:.0%}:"
         )
-        for r in searched:
-            moved = ", ".join(f"{k} {v:+.2f}" for k, v in r["moved"].items()) or "no move"
-            windows = ", ".join(map(str, r["windows"]))
-            console.print(f"   windows {windows}: {moved} ({r['gain']:+.1%} on the replays)")
+        for found in searched:
+            moved = ", ".join(f"{k} {v:+.2f}" for k, v in found["moved"].items()) or "no move"
+            windows = ", ".join(map(str, found["windows"]))
+            console.print(f"   windows {windows}: {moved} ({found['gain']:+.1%} on the replays)")
     if doc["settings"].get("judge") == "replay":
         console.print(
             "[bold]4. Verdicts[/bold]: the replay judge replays each closed window for the"
@@ -149,7 +149,7 @@ def tell(doc: dict[str, Any], context: list[dict[str, Any]]) -> None:
     table.add_column("policy")
     for _, header in KEYS:
         table.add_column(header, justify="right")
-    for name, row in [("dagsched loop", r), *((c["policy"], c) for c in context)]:
+    for name, row in [("dagsched loop", doc["replay"]), *((c["policy"], c) for c in context)]:
         table.add_row(name, *(_metric(k, row.get(k, 0)) for k, _ in KEYS))
     console.print(table)
     console.print(

@@ -125,6 +125,18 @@ def test_the_demo_story_fits_80_columns_without_cutting_a_word(monkeypatch, caps
         assert word in out, word
 
 
+def test_the_served_loop_row_shows_the_replay_after_the_searches_are_listed(capsys):
+    story = STORY | {
+        "settings": STORY["settings"] | {"learner": "search", "min_gain": 0.03},
+        "searched": [{"windows": [2, 3], "gain": 0.04, "moved": {"mem": 0.1}}],
+    }
+    tell(story, CONTEXT)
+    out = capsys.readouterr().out
+    assert "windows 2, 3: mem +0.10 (+4.0% on the replays)" in out
+    loop = next(line for line in out.splitlines() if line.startswith("dagsched loop"))
+    assert "0.812" in loop and "1234.6" in loop, loop  # the replay's SLA and mean JCT
+
+
 def test_the_shift_is_told_by_the_effects_switched_on():
     story = shift_effects(STORY["shift"])
     assert story == "the retry after an OOM kill first restarts for 1 h"
