@@ -402,18 +402,21 @@ class Simulator:
         if t.res_mem < t.peak_mem:  # memory grows with progress until it crosses the limit
             at = t.compute_start_s + t.compute_s * t.res_mem / t.peak_mem
             self._push(at, FAIL, (t, _OOM), t.token)
-        elif self._attempt_u(t, 0) < c.transient_failure[node]:
-            at = t.compute_start_s + t.compute_s * self._attempt_u(t, 1)
+        elif (self._u() if t.draws is None else self._keyed_u(t, 0)) < c.transient_failure[node]:
+            at = t.compute_start_s + t.compute_s * (
+                self._u() if t.draws is None else self._keyed_u(t, 1)
+            )
             self._push(at, FAIL, (t, _TRANSIENT), t.token)
         else:
             self._push(t.compute_start_s + t.compute_s, FINISH, t, t.token)
 
-    def _attempt_u(self, t: TaskRun, i: int) -> float:
-        """Uniform `i` of `t`'s current attempt (0: does it fail on its own, 1: when): drawn
-        at its workflow's arrival with `keyed_attempts`, else the next of the run's stream."""
-        d = t.draws
-        if d is not None and t.attempt < KEYED_ATTEMPTS:
-            return float(d[t.attempt][i])
+    def _keyed_u(self, t: TaskRun, i: int) -> float:
+        """Uniform `i` of `t`'s current attempt (0: does it fail on its own, 1: when), drawn at
+        its workflow's arrival (`keyed_attempts`); past `KEYED_ATTEMPTS`, the run's stream's.
+        Runs without keyed draws read the stream inline: this is the hot path."""
+        assert t.draws is not None
+        if t.attempt < KEYED_ATTEMPTS:
+            return float(t.draws[t.attempt][i])
         return self._u()
 
     def _drain(self, node: int) -> None:
