@@ -265,7 +265,7 @@ class ReplaySettings(_Strict):
     window_workflows: int = Field(default=100, ge=1)  # arrivals per window (non-overlapping)
     # earlier arrivals replayed first, uncounted: long enough to build the congestion the
     # window really met (a change that relieves it is seen only then)
-    warmup_workflows: int = Field(default=1000, ge=0)
+    warmup_workflows: int = Field(default=400, ge=0)
     # later arrivals replayed after the window, uncounted: those that came while its
     # workflows ran, at most this many (the traffic its last workflows competed with)
     after_workflows: int = Field(default=150, ge=0)

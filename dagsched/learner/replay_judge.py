@@ -67,7 +67,7 @@ class ReplayJudgeConfig:
     """How windows are cut and replayed, and the paired test's rule."""
 
     window_workflows: int = 100
-    warmup_workflows: int = 1000
+    warmup_workflows: int = 400
     after_workflows: int = 150  # at most this many later arrivals replayed after the window
     replays: int = 16  # K: replays per version per window
     fidelity_max_jct_err: float = 0.15
