@@ -74,6 +74,10 @@ class ReplayJudgeConfig:
     # fidelity is measured over the last this many judged windows together: one window's
     # mean JCT is too noisy a target (one realisation of a heavy-tailed world)
     fidelity_windows: int = 4
+    # a window a challenger's slice shared is replayed as it was served this many times (the
+    # first seeds of the K): those replays measure fidelity only, where a mean over a few
+    # replays and `fidelity_windows` windows is enough
+    fidelity_replays: int = 4
     rule: PairedRule = field(default_factory=PairedRule)
     seed: int = 0
 
@@ -437,6 +441,7 @@ def config_from(cfg: ReplaySettings) -> ReplayJudgeConfig:
         replays=cfg.replays,
         fidelity_max_jct_err=cfg.fidelity_max_jct_err,
         fidelity_windows=cfg.fidelity_windows,
+        fidelity_replays=cfg.fidelity_replays,
         rule=rule,
         seed=cfg.seed,
     )
@@ -503,10 +508,12 @@ class ReplayJudge:
         """A new pair of versions: the test starts over."""
         self.test = PairedTest(self.cfg.rule)
 
-    def replay(self, world: ReplayWorld, policy: PolicyFactory, window: int) -> list[ReplayResult]:
-        """K replays of one version over `world`."""
+    def replay(
+        self, world: ReplayWorld, policy: PolicyFactory, window: int, n: int | None = None
+    ) -> list[ReplayResult]:
+        """K replays of one version over `world` (the first `n` of them, when given)."""
         out = []
-        for k in range(self.cfg.replays):
+        for k in range(self.cfg.replays if n is None else min(n, self.cfg.replays)):
             s = replay_seed(self.cfg.seed, window, k)
             out.append(play(world, policy(s), s))
         return out
@@ -520,7 +527,12 @@ class ReplayJudge:
         base = self.replay(world, champion, obs.index)
         # what served the window: the champion alone, or with the challenger on its slice
         served = (
-            self.replay(world, as_served(champion, challenger, obs.elsewhere), obs.index)
+            self.replay(
+                world,
+                as_served(champion, challenger, obs.elsewhere),
+                obs.index,
+                self.cfg.fidelity_replays,
+            )
             if obs.elsewhere
             else base
         )

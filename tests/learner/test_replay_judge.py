@@ -366,3 +366,20 @@ def test_fidelity_replays_the_challenger_on_the_slice_it_served() -> None:
     champion_alone = judge.replay(sliced.world(sc), heft, sliced.index)
     assert shared.observed_jct_s == fidelity_of([(sliced, champion_alone)]).observed_jct_s
     assert shared.predicted_jct_s > fidelity_of([(sliced, champion_alone)]).predicted_jct_s
+
+
+def test_a_shared_window_is_replayed_as_served_only_fidelity_replays_times() -> None:
+    wins, sc = _recorded(40, 10)
+    obs = replace(wins[1], elsewhere=frozenset(w.id for w in wins[1].workflows[::2]))
+    cfg = ReplayJudgeConfig(window_workflows=20, warmup_workflows=10, replays=4,
+                            fidelity_max_jct_err=10.0, fidelity_replays=1)  # fmt: skip
+    made: list[int] = []
+
+    def challenger(seed: int):  # type: ignore[no-untyped-def]
+        made.append(seed)
+        return make_policy("heft_history", seed)
+
+    rep = ReplayJudge(cfg, sc).judge(obs, lambda s: make_policy("heft_history", s), challenger)
+    # one as-served replay (its challenger part) and K challenger replays, all judged
+    assert len(made) == 1 + cfg.replays and made[0] == made[1]
+    assert len(rep.diffs) == cfg.replays and len(rep.champion) == cfg.replays
