@@ -115,12 +115,37 @@ def play_loop(
     """The loop's run of one seed; with `desc`, a progress bar of ended workflows."""
     loop = SimLoop(load_bundle(CHAMPION, "v1"), cfg, seed=seed)
     every = 0.1 if sys.stderr.isatty() else 60.0  # a redirected log gets a line a minute
+    told = [0, 0]  # events and judged windows written so far
+
+    def progress(bar: tqdm, ended: int) -> None:
+        bar.update(ended - bar.n)
+        if desc is None:
+            return
+        # a line per event and judged window as they happen: a long run tells its story as it
+        # goes, and a run stopped early has told what it got to
+        for e in loop.events[told[0] :]:
+            shifts = ", ".join(
+                f"{k.removeprefix('search/shift_')} {v:+.2f}"
+                for k, v in e.detail.items()
+                if k.startswith("search/shift_")
+            )
+            note = shifts or e.detail.get("reason", "")
+            bar.write(f"{desc}: workflow {ended}: {e.kind} {e.version} {note}".rstrip())
+        for w in loop.windows[told[1] :]:
+            gain = w["gain"].get("jct")
+            bar.write(
+                f"{desc}: workflow {ended}: window {w['window']} {w['challenger']} vs "
+                f"{w['champion']}: {w['decision']}, fidelity {w['jct_err']:.1%}"
+                + ("" if gain is None else f", replayed JCT {gain:+.1%}")
+            )
+        told[:] = [len(loop.events), len(loop.windows)]
+
     with tqdm(
         total=n, desc=desc, unit="wf", disable=desc is None, file=sys.stderr, mininterval=every
     ) as bar:
         results = loop.run(
             loop.simulator(sc, workload(sc, seed, n), seed),
-            progress=lambda k: bar.update(k - bar.n),
+            progress=lambda k: progress(bar, k),
         )
     return results, loop
 
