@@ -64,6 +64,16 @@ class Scored(NamedTuple):
 
 
 Score = Callable[[ActorCritic], Scored]
+
+
+class SearchStopped(Exception):
+    """The search was told to stop (its service is shutting down) before it ended."""
+
+
+def _never() -> bool:
+    return False
+
+
 # added to the judge's replay seed for the search's replays: other draws than the verdict's
 SEARCH_SEED_OFFSET = 7919
 
@@ -114,10 +124,15 @@ def with_shifts(model: ActorCritic, moved: dict[str, float]) -> ActorCritic:
 
 
 def search_shifts(
-    model: ActorCritic, score: Score, cfg: HeadSearchSettings | None = None
+    model: ActorCritic,
+    score: Score,
+    cfg: HeadSearchSettings | None = None,
+    stop: Callable[[], bool] = _never,
 ) -> SearchResult:
     """Pattern search over the heads' constant shifts from `model` (see the module), as
-    `cfg` (`learner.search`) says."""
+    `cfg` (`learner.search`) says. `stop` is asked before each candidate is scored (a
+    candidate's replays take seconds, a search minutes): once it says so the search raises
+    `SearchStopped`, so that a service shutting down does not wait for the whole search."""
     cfg = cfg or HeadSearchSettings()
     moved: dict[str, float] = dict.fromkeys(cfg.heads, 0.0)
     best = start = score(model)
@@ -133,6 +148,8 @@ def search_shifts(
                 if len(trace) >= cfg.max_evals:
                     break
                 cand = {**moved, name: moved[name] + sign * step}
+                if stop():
+                    raise SearchStopped
                 s = score(with_shifts(model, cand))
                 kept = (
                     s.jct_s < best.jct_s * (1 - cfg.min_gain)
@@ -181,9 +198,11 @@ class WindowSearch:
         sched: GNNScheduler,
         windows: Sequence[ObservedWindow],
         base: ScenarioConfig,
+        stop: Callable[[], bool] = _never,
     ) -> SearchResult | None:
         """`sched` (the champion's scheduler) with its shifts searched on `windows`; None
-        with nothing recorded yet, or when these windows were searched for `champion`."""
+        with nothing recorded yet, or when these windows were searched for `champion`.
+        `stop`: as `search_shifts` takes it."""
         if not windows:
             return None
         key = (champion, windows[-1].index)
@@ -191,7 +210,7 @@ class WindowSearch:
             return None
         self.last = key
         score = replay_score(windows, base, sched.normalizer, self.cfg.replays, self.seed)
-        return search_shifts(sched.model, score, self.cfg)
+        return search_shifts(sched.model, score, self.cfg, stop)
 
     def supersede(
         self,
@@ -199,6 +218,7 @@ class WindowSearch:
         rival: GNNScheduler,
         windows: Sequence[ObservedWindow],
         base: ScenarioConfig,
+        stop: Callable[[], bool] = _never,
     ) -> Superseding | None:
         """While `rival` (the challenger, of `champion`) is under test: the move that should
         replace it on `windows`, traffic that arrived after it was registered. Both are
@@ -217,7 +237,7 @@ class WindowSearch:
         start, held = score(champion.model), score(rival.model)
         if beats(held, start, cfg):
             return None
-        res = search_shifts(champion.model, score, cfg)
+        res = search_shifts(champion.model, score, cfg, stop)
         if not res.moved or not beats(res.best, held, cfg):
             return None
         return Superseding(res, held)

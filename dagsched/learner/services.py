@@ -37,7 +37,7 @@ import structlog
 from aiokafka import AIOKafkaConsumer
 
 from dagsched.learner.canary import CanaryRule
-from dagsched.learner.head_search import WindowSearch
+from dagsched.learner.head_search import SearchStopped, WindowSearch
 from dagsched.learner.joining import Joined, OutcomeJoiner
 from dagsched.learner.live_ab import Action, Judge, Lease, WorkflowOutcomes, rule_from
 from dagsched.learner.online import FinetuneConfig, finetune_heads, learning_window
@@ -126,6 +126,7 @@ class LearnerService:
         self.gate: ReplayGate[MessageFeed] | None = None
         self.outcomes: WorkflowOutcomes | None = None
         self.searches = WindowSearch(self.cfg.search, config_from(settings.evaluator.replay).seed)
+        self._stop: asyncio.Event | None = None  # `run`'s: a search in its thread stops on it
         if self.cfg.method == "search":
             self.gate = ReplayGate.on_wire(settings, self.registry.load)
             self.outcomes = WorkflowOutcomes(self.joiner)
@@ -135,6 +136,7 @@ class LearnerService:
             self.settings, self.cfg.group_id, "tasks", "decisions", "decisionlog", "events"
         )
         await consumer.start()
+        self._stop = stop
         next_check = 0.0
         try:
             while not stop.is_set():
@@ -156,7 +158,10 @@ class LearnerService:
                         self.waited += 1
                         next_check = time.monotonic() + BUSY_RECHECK_S
                         continue  # keep filling the window; try again later
-                    version = await asyncio.to_thread(self.round, alias)
+                    try:
+                        version = await asyncio.to_thread(self.round, alias)
+                    except SearchStopped:
+                        break  # stopping: nothing half-searched is registered
                     self.completed = 0
                     if version is None:  # a search that moved nothing
                         continue
@@ -354,7 +359,7 @@ class LearnerService:
         metrics: dict[str, float]
         if rival is not None:
             found = self.searches.supersede(
-                champ, self.registry.load(rival), windows, self.settings.sim
+                champ, self.registry.load(rival), windows, self.settings.sim, self._stopping
             )
             if found is None:
                 return None
@@ -363,7 +368,7 @@ class LearnerService:
                 "learner.supersede", parent=parent, challenger=rival, windows=indices, **metrics
             )
         else:
-            got = self.searches.run(parent, champ, windows, self.settings.sim)
+            got = self.searches.run(parent, champ, windows, self.settings.sim, self._stopping)
             if got is None:  # these windows were searched for this champion already
                 return None
             res, metrics = got, got.metrics()
@@ -382,6 +387,10 @@ class LearnerService:
         if rival is not None:
             data += f"; replaces v{rival}, {held.jct_s:.0f} s on these windows"
         return res.model, metrics, data
+
+    def _stopping(self) -> bool:
+        """Whether `run` was told to stop (read from the search's thread)."""
+        return self._stop is not None and self._stop.is_set()
 
     def finetune_config(self) -> FinetuneConfig:
         """A round's PPO settings, from `learner.*`."""

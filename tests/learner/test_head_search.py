@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from dagsched.core.bounds import ACTION_NAMES
-from dagsched.learner.head_search import Scored, search_shifts, with_shifts
+from dagsched.learner.head_search import Scored, SearchStopped, search_shifts, with_shifts
 from dagsched.learner.sim_loop import LoopConfig, SimLoop
 from dagsched.policy.bundle import load_bundle
 from dagsched.policy.model import ActorCritic
@@ -71,6 +71,19 @@ def test_a_search_that_finds_nothing_moves_nothing(champion: GNNScheduler) -> No
     assert all(torch.equal(a, b) for a, b in zip(
         res.model.state_dict().values(), champion.model.state_dict().values(), strict=True
     ))  # fmt: skip
+
+
+def test_a_search_told_to_stop_stops_before_its_next_candidate(champion: GNNScheduler) -> None:
+    scored: list[int] = []
+
+    def score(model: ActorCritic) -> Scored:
+        scored.append(1)
+        return Scored(1.0, 1.0)
+
+    with pytest.raises(SearchStopped):
+        search_shifts(champion.model, score, HeadSearchSettings(max_evals=16),
+                      stop=lambda: len(scored) >= 3)  # fmt: skip
+    assert len(scored) == 3  # the start and two candidates; no candidate after the word
 
 
 def test_the_loops_search_round_restores_a_starved_memory_margin_from_the_recorded_windows(
