@@ -129,7 +129,10 @@ def play_loop(
                 for k, v in e.detail.items()
                 if k.startswith("search/shift_")
             )
-            note = shifts or e.detail.get("reason", "")
+            windows = ",".join(map(str, e.detail.get("windows", [])))
+            note = shifts or e.detail.get("reason", "") or ("no move" if e.kind == "search" else "")
+            if windows:
+                note = f"{note} (windows {windows})"
             bar.write(f"{desc}: workflow {ended}: {e.kind} {e.version} {note}".rstrip())
         for w in loop.windows[told[1] :]:
             gain = w["gain"].get("jct")
