@@ -75,9 +75,10 @@ class ReplayJudgeConfig:
     # mean JCT is too noisy a target (one realisation of a heavy-tailed world)
     fidelity_windows: int = 4
     # a window a challenger's slice shared is replayed as it was served this many times (the
-    # first seeds of the K): those replays measure fidelity only, where a mean over a few
-    # replays and `fidelity_windows` windows is enough
-    fidelity_replays: int = 4
+    # first seeds of the K): those replays measure fidelity only. Fewer cost less during a
+    # canary, but one replay's window mean is one draw of a heavy-tailed world, and the
+    # first judged windows have few others to pool with
+    fidelity_replays: int = 16
     rule: PairedRule = field(default_factory=PairedRule)
     seed: int = 0
 
