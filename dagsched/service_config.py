@@ -287,8 +287,8 @@ class ReplaySettings(_Strict):
     fidelity_max_jct_err: float = Field(default=0.15, gt=0)  # refuse above this relative error
     fidelity_windows: int = Field(default=4, ge=1)  # windows pooled for the fidelity check
     # replays of a window as it was served when a challenger's slice served part of it (they
-    # measure fidelity only; at most `replays`)
-    fidelity_replays: int = Field(default=16, ge=1)
+    # measure fidelity only); None: all `replays`
+    fidelity_replays: int | None = Field(default=None, ge=1)
     seed: int = 0
 
 

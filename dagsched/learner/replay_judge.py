@@ -77,8 +77,8 @@ class ReplayJudgeConfig:
     # a window a challenger's slice shared is replayed as it was served this many times (the
     # first seeds of the K): those replays measure fidelity only. Fewer cost less during a
     # canary, but one replay's window mean is one draw of a heavy-tailed world, and the
-    # first judged windows have few others to pool with
-    fidelity_replays: int = 16
+    # first judged windows have few others to pool with. None: all K
+    fidelity_replays: int | None = None
     rule: PairedRule = field(default_factory=PairedRule)
     seed: int = 0
 
