@@ -363,7 +363,7 @@ def parse() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="2 seeds x 700 workflows, small A/A")
     ap.add_argument("--json", action="store_true", help="print one JSON object (the summary)")
-    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--seeds", type=int, default=None, help="default: 3 (2 with --quick)")
     ap.add_argument("--first-seed", type=int, default=0, help="run seeds from this one on")
     ap.add_argument("--workflows", type=int, default=2000)
     ap.add_argument("--shift-at", type=float, default=0.1, help="share of the run's arrivals")
@@ -413,8 +413,11 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
     add_finetune_args(ap, lr=2e-3, credit="task-critic")
     args = ap.parse_args()
+    if args.seeds is None and not args.quick:
+        args.seeds = 3
     if args.quick:
-        args.seeds, args.workflows, args.held_out = 2, 700, 2
+        args.seeds = 2 if args.seeds is None else args.seeds
+        args.workflows, args.held_out = 700, 2
         args.held_out_workflows, args.aa_workflows, args.aa_runs = 150, 400, 200
         args.steady_workflows, args.steady_warmup = 400, 250
     return args

@@ -202,6 +202,11 @@ class HeadSearchSettings(_Strict):
     # and keeps the replayed SLA within this of the start's
     max_sla_loss: float = Field(default=0.01, ge=0, le=1)
     replays: int = Field(default=2, ge=1, le=100)  # per recorded window, per candidate
+    # a searched window's replay plays at most this many of the arrivals before it (the
+    # latest), where the judge plays `evaluator.replay.warmup_workflows`: a search scores
+    # many candidates, and the judge checks the move it keeps on the full warm-up. None:
+    # the judge's
+    warmup_workflows: int | None = Field(default=200, ge=0)
     # a kept move wins play by play: its paired gain's one-sided lower bound at this
     # confidence is above zero (0: the means alone decide)
     confidence: float = Field(default=0.9, ge=0, lt=1)

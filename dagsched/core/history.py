@@ -135,9 +135,26 @@ class History:
 
     def __init__(self) -> None:
         self.families: dict[str, FamilyStats] = {}
+        # family -> (the stats summarised, their summary): a batch reads the same families
+        # many times between two outcomes, and a summary costs five percentile reads
+        self._summaries: dict[str, tuple[FamilyStats, FamilySummary]] = {}
 
     def get(self, family: str) -> FamilyStats | None:
         return self.families.get(family)
+
+    def summary(self, family: str) -> FamilySummary | None:
+        """`summarize(self.get(family))`, kept until the family's next outcome (or until
+        `families` is replaced)."""
+        stats = self.families.get(family)
+        if stats is None:
+            return None
+        hit = self._summaries.get(family)
+        if hit is not None and hit[0] is stats:
+            return hit[1]
+        out = summarize(stats)
+        assert out is not None
+        self._summaries[family] = (stats, out)
+        return out
 
     def _stats(self, family: str) -> FamilyStats:
         s = self.families.get(family)
@@ -148,6 +165,7 @@ class History:
     def finished(self, family: str, m: Measured, at_s: float) -> None:
         """A task of `family` finished with measured ratios `m` at `at_s`."""
         s = self._stats(family)
+        self._summaries.pop(family, None)
         s.count += 1
         s.cpu.add(m.cpu, at_s)
         s.mem.add(m.mem, at_s)
@@ -157,6 +175,7 @@ class History:
     def oom(self, family: str, limit_ratio: float, at_s: float) -> None:
         """A task of `family` was OOM-killed at memory `limit_ratio` x its request."""
         s = self._stats(family)
+        self._summaries.pop(family, None)
         s.ooms += 1
         s.last_oom_s = at_s
         s.oom_limit = max(s.oom_limit, limit_ratio)

@@ -209,7 +209,9 @@ class WindowSearch:
         if key == self.last:
             return None
         self.last = key
-        score = replay_score(windows, base, sched.normalizer, self.cfg.replays, self.seed)
+        score = replay_score(
+            windows, base, sched.normalizer, self.cfg.replays, self.seed, self.cfg.warmup_workflows
+        )
         return search_shifts(sched.model, score, self.cfg, stop)
 
     def supersede(
@@ -233,7 +235,9 @@ class WindowSearch:
             return None
         self.last_rival = key
         cfg = self.cfg
-        score = replay_score(windows, base, champion.normalizer, cfg.replays, self.seed)
+        score = replay_score(
+            windows, base, champion.normalizer, cfg.replays, self.seed, cfg.warmup_workflows
+        )
         start, held = score(champion.model), score(rival.model)
         if beats(held, start, cfg):
             return None
@@ -276,12 +280,13 @@ def replay_score(
     normalizer: FeatureNormalizer,
     replays: int,
     seed: int,
+    warmup: int | None = None,
 ) -> Score:
     """How a model served (deterministically) does over `replays` replays of each of
     `windows`: mean judged JCT and SLA, the same draws for every model scored (common random
     numbers). `seed` should differ from the judge's, so that the judge's draws are not the
-    ones searched on."""
-    worlds = [(w.index, w.world(base)) for w in windows]
+    ones searched on. `warmup`: as `ObservedWindow.world` takes it."""
+    worlds = [(w.index, w.world(base, warmup)) for w in windows]
     if not worlds:
         raise ValueError("no recorded window to search on")
 

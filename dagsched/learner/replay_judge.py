@@ -116,10 +116,13 @@ class ObservedWindow:
     def sla(self) -> float:
         return float(np.mean(list(self.met.values()))) if self.met else 0.0
 
-    def world(self, base: ScenarioConfig) -> ReplayWorld:
-        """The calibrated replay of this window."""
+    def world(self, base: ScenarioConfig, warmup: int | None = None) -> ReplayWorld:
+        """The calibrated replay of this window; with `warmup`, of at most that many of the
+        arrivals recorded before it (the latest). The policies start from the history of
+        the first recorded one either way."""
+        before = self.warmup if warmup is None else self.warmup[len(self.warmup) - warmup :]
         return ReplayWorld.build(
-            [*self.warmup, *self.workflows, *self.after],
+            [*before, *self.workflows, *self.after],
             [w.id for w in self.workflows],
             base,
             nodes=self.nodes,

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from dagsched.core.estimates import raised_prediction_s
-from dagsched.core.history import summarize
 from dagsched.core.scheduler import Scheduler
 from dagsched.core.view import ClusterView, TaskView
 from dagsched.sim.runs import Decision, TaskRun, TaskState
@@ -56,13 +55,20 @@ def first_ends_s(sim: Simulator) -> np.ndarray:
     predicted runtime ratio, raised once outlived (`estimates.raised_prediction_s`)."""
     c, now, history = sim.cluster, sim.now, sim.history
     out = np.full(c.n, np.inf)
+    ratios: dict[str, float] = {}  # per family, for this call
     for node, running in enumerate(c.running):
+        if not running:
+            continue
+        slowdown = c.observed_slowdown[node]
         for r in running:
-            declared = r.advertised_s * c.observed_slowdown[node]
+            declared = r.advertised_s * slowdown
             began = r.start_s + r.spec.cold_start_s
-            stats = history.get(r.spec.family)
-            guess = declared * (stats.runtime_ratio() if stats is not None else 1.0)
-            end = began + raised_prediction_s(guess, now - began, declared)
+            family = r.spec.family
+            ratio = ratios.get(family)
+            if ratio is None:
+                stats = history.get(family)
+                ratio = ratios[family] = stats.runtime_ratio() if stats is not None else 1.0
+            end = began + raised_prediction_s(declared * ratio, now - began, declared)
             if end < out[node]:
                 out[node] = end
     return out
@@ -84,7 +90,7 @@ def task_view(t: TaskRun, sim: Simulator | None = None) -> TaskView:
         parent_nodes=[run.tasks[p].node for p in run.wf.parents[t.idx]],
         prev_node=t.prev_node,
         sub_deadline_s=run.sub_deadline_s(t.idx),
-        history=summarize(sim.history.get(t.spec.family)) if sim is not None else None,
+        history=sim.history.summary(t.spec.family) if sim is not None else None,
     )
 
 

@@ -156,3 +156,20 @@ def test_exact_truth_teaches_history_the_declarations() -> None:
             cores, mem = history_request(10.0, 10.0, stats)
             assert 11.5 - 1e-9 <= cores <= 11.5 * 1.05 + 1e-9
             assert 11.5 - 1e-9 <= mem <= 11.5 * 1.05 + 1e-9
+
+
+def test_a_kept_summary_follows_every_outcome_and_a_replaced_family_table() -> None:
+    """`History.summary` keeps a family's summary between outcomes, never past one."""
+    h = History()
+    assert h.summary("a") is None
+    h.finished("a", Measured(cpu=0.5, mem=0.5, runtime=1.0), 0.0)
+    first = h.summary("a")
+    assert first is not None and first == summarize(h.get("a")) and first.count == 1
+    h.finished("a", Measured(cpu=0.9, mem=2.0, runtime=3.0), 10.0)
+    second = h.summary("a")
+    assert second == summarize(h.get("a")) and second is not None and second.count == 2
+    assert second.runtime_ratio == 2.0 and second.mem_p90 > first.mem_p90
+    h.oom("a", 2.5, 20.0)
+    assert (s := h.summary("a")) is not None and s.ooms == 1 and s.oom_limit == 2.5
+    h.families = {"a": FamilyStats(count=7)}  # a run starting from a recorded history
+    assert (s := h.summary("a")) is not None and s.count == 7

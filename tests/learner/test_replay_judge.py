@@ -161,6 +161,22 @@ def test_recorder_cuts_non_overlapping_windows_with_warmup() -> None:
     )
 
 
+def test_a_window_replays_only_the_latest_warm_up_arrivals_it_is_asked_for() -> None:
+    """What a search replays: the window after a shorter warm-up, its history unchanged."""
+    r = TrafficRecorder(window_workflows=2, warmup_workflows=4)
+    for i in range(8):
+        r.workflow(_wf(i))
+        r.snapshot({})
+    for i in range(8):
+        r.ended(f"w{i}", 1.0, True)
+    last = r.ready({})[-1]
+    sc = load_settings(profile="test").sim
+    assert [x.id for x in last.world(sc).workflows] == [f"w{i}" for i in range(2, 8)]
+    assert [x.id for x in last.world(sc, 1).workflows] == ["w5", "w6", "w7"]
+    assert [x.id for x in last.world(sc, 0).workflows] == ["w6", "w7"]
+    assert [x.id for x in last.world(sc, 9).workflows] == [f"w{i}" for i in range(2, 8)]
+
+
 def test_a_window_keeps_the_later_arrivals_that_came_while_it_ran() -> None:
     """What the window's stragglers competed with: arrivals after it up to its last end."""
     r = TrafficRecorder(window_workflows=2, warmup_workflows=0)
