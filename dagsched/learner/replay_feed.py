@@ -81,13 +81,20 @@ class MessageFeed:
             while len(self._declared) > MAX_DECLARED:
                 self._declared.popitem(last=False)
         elif isinstance(msg, NodeHeartbeatMsg):
+            r.clock(msg.at)
             self._kind[msg.node] = msg.kind
             r.node(msg.node, NodeSpec(msg.kind, msg.zone, msg.cores, msg.mem_gb,
                                       msg.gpu_mem_gb, msg.net_gbps))  # fmt: skip
         elif isinstance(msg, NodeDownMsg):
             r.node_down(msg.at)
         elif isinstance(msg, TaskStartedMsg):
-            self._started[(msg.workflow_id, msg.task, msg.attempt)] = msg.at
+            key = (msg.workflow_id, msg.task, msg.attempt)
+            r.clock(msg.at)
+            self._started[key] = msg.at
+            if (msg.workflow_id, msg.task) in self._oom:
+                expected = self._expected_s(msg)
+                if expected is not None:
+                    r.retry_started(key, msg.at, expected)
         elif isinstance(msg, TaskFinishedMsg | TaskFailedMsg):
             task = (msg.workflow_id, msg.task)
             began = self._started.pop((*task, msg.attempt), None)
@@ -97,12 +104,25 @@ class MessageFeed:
             if not failed and began is not None and (msg.runtime_s > 0 or msg.transfer_s > 0):
                 overhead = (msg.at - began) - msg.runtime_s - msg.transfer_s
             r.attempt_ended(msg.at, failed, reason, overhead, after_oom=task in self._oom,
-                            started_s=began)  # fmt: skip
+                            started_s=began, key=(*task, msg.attempt))  # fmt: skip
             if reason == "oom":
                 self._oom.add(task)
             else:
                 self._oom.discard(task)
             self._learn(msg)
+
+    def _expected_s(self, msg: TaskStartedMsg) -> float | None:
+        """How long the attempt `msg` started is expected to compute: its declared duration
+        at its node's advertised speed, times its family's predicted runtime ratio (None
+        for a task whose declaration is no longer kept)."""
+        wf = self._declared.get(msg.workflow_id)
+        if wf is None or msg.task >= wf.size:
+            return None
+        spec = wf.tasks[msg.task]
+        speed = self.speed.get(self._kind.get(msg.node, ""), {}).get(TASK_TYPE_NAMES[spec.type])
+        stats = self.history.get(spec.family)
+        ratio = stats.runtime_ratio() if stats is not None else 1.0
+        return spec.duration_s / (speed or 1.0) * ratio
 
     def _learn(self, msg: TaskFinishedMsg | TaskFailedMsg) -> None:
         """The history's update from one attempt's end: its measured ratios, or the limit
@@ -150,8 +170,9 @@ class SimFeed:
         """One attempt ended at `now` (what its end event would carry)."""
         overhead = None if o.failed else (now - t.start_s) - o.transfer_s - o.compute_s
         self.recorder.attempt_ended(
-            now, o.failed, "", overhead, after_oom=t.after_oom, started_s=t.start_s
-        )
+            now, o.failed, "", overhead, after_oom=t.after_oom, started_s=t.start_s,
+            key=(t.run.wf.id, t.idx, t.attempt),
+        )  # fmt: skip
 
     def workflow_ended(self, wf: Workflow, now: float, failed: bool, served: bool = True) -> None:
         """A workflow finished, or ran out of retries, at `now`; `served`: by the serving
@@ -161,9 +182,19 @@ class SimFeed:
 
     def sync(self) -> None:
         """Fault counts as the events would have told them: task failures other than OOM
-        kills are transient (node crashes are replayed on their own)."""
+        kills are transient (node crashes are replayed on their own); the retries after an
+        OOM kill still running, as their start events would have told them."""
         assert self.sim is not None
-        m, r = self.sim.metrics, self.recorder
+        sim, r = self.sim, self.recorder
+        m = sim.metrics
+        r.clock(sim.now)
+        for running in sim.cluster.running:  # the retries after an OOM kill, as started
+            for t in running:
+                if t.after_oom:
+                    stats = sim.history.get(t.spec.family)
+                    ratio = stats.runtime_ratio() if stats is not None else 1.0
+                    r.retry_started((t.run.wf.id, t.idx, t.attempt), t.start_s,
+                                    t.advertised_s * ratio)  # fmt: skip
         r.attempts = max(r.attempts, m.decisions)
         r.transient = max(0, m.task_failures - m.oom_kills - m.node_failures)
         r.node_downs = m.node_failures

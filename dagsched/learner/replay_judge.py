@@ -32,7 +32,7 @@ from __future__ import annotations
 import copy
 import zlib
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -60,6 +60,10 @@ RECENT_ATTEMPTS = 2000
 # the retries after OOM kills kept to date the latest restart cost (they are rare: a few per
 # hundred workflows)
 KEPT_OOM_RETRIES = 1000
+# a retry still running counts towards the restart cost once it has outlived this many times
+# its expected run time (as a running task's prediction is raised: `estimates`), at the time
+# beyond that: a lower bound of its cost, known before it ends
+OUTLIVED_FACTOR = 2.0
 
 
 @dataclass(frozen=True)
@@ -176,6 +180,8 @@ class TrafficRecorder:
         self._overhead: deque[float] = deque(maxlen=RECENT_ATTEMPTS)
         # (start, overhead) of the latest finished retries after an OOM kill, by end
         self._retries: deque[tuple[float, float]] = deque(maxlen=KEPT_OOM_RETRIES)
+        # retries after an OOM kill still running: key -> (start, expected run time)
+        self._running: dict[Hashable, tuple[float, float]] = {}
         # the history each window's replay starts from: taken (`snapshot`) when the first
         # workflow it replays arrives, as the policies then saw it
         self.pending_snapshots: list[int] = []
@@ -227,12 +233,13 @@ class TrafficRecorder:
 
     def attempt_ended(
         self, at_s: float, failed: bool, reason: str = "", overhead_s: float | None = None,
-        after_oom: bool = False, started_s: float | None = None,
+        after_oom: bool = False, started_s: float | None = None, key: Hashable = None,
     ) -> None:  # fmt: skip
         """An attempt ended at `at_s` (it started at `started_s`, when known). `overhead_s`:
         for a finished one, its time on the node beyond its measured compute and transfer
-        (the restart after an OOM kill shows here)."""
+        (the restart after an OOM kill shows here). `key`: as `retry_started` took it."""
         self._clock(at_s)
+        self._running.pop(key, None)
         self.attempts += 1
         self.transient += failed and reason == "transient"
         if overhead_s is None or failed:
@@ -242,6 +249,20 @@ class TrafficRecorder:
             self._retries.append((start, max(0.0, overhead_s)))
         else:
             self._overhead.append(max(0.0, overhead_s))
+
+    def retry_started(self, key: Hashable, at_s: float, expected_s: float) -> None:
+        """A retry after an OOM kill started at `at_s`, expected to run `expected_s` (its
+        declared compute at the node's speed, times its family's predicted runtime ratio);
+        its end is reported with the same `key`. Until then, once it has outlived
+        `OUTLIVED_FACTOR` times that, the time beyond counts as a lower bound of its restart
+        cost: a restart cost that rose shows while its first retries still run."""
+        if key in self._running or len(self._running) < KEPT_OOM_RETRIES:
+            self._running[key] = (at_s, max(0.0, expected_s))
+
+    def clock(self, at_s: float) -> None:
+        """Time is `at_s` (the latest event's; what a running retry has outlived is read
+        against it)."""
+        self._clock(at_s)
 
     def ended(self, workflow_id: str, jct_s: float, met: bool, served: bool = True) -> None:
         """A workflow finished (or failed) after `jct_s` seconds; `served`: by the serving
@@ -276,14 +297,27 @@ class TrafficRecorder:
         n = len(self.nodes)
         return self.node_downs / (n * hours) if n and hours > 0 else 0.0
 
+    def _known_retries(self) -> list[tuple[float, float]]:
+        """(start, extra time on the node) of the kept retries after an OOM kill, by start:
+        the finished ones, and those still running that have outlived `OUTLIVED_FACTOR`
+        times their expected run time, at the time beyond that (at least their cost)."""
+        base = self._base_overhead()
+        running = [
+            (start, base + late)
+            for start, expected in self._running.values()
+            if (late := self.last_s - start - OUTLIVED_FACTOR * expected) > 0
+        ]
+        return sorted([*self._retries, *running], key=lambda r: r[0])
+
     @property
     def oom_restart_s(self) -> float:
         """Median extra time on the node of the latest `RECENT_OOM_RETRIES` attempts that
-        followed an OOM kill, beyond the latest other attempts' mean. The median, not the
-        mean: OOM kills are rare (a few per hundred workflows), so the latest 20 retries
-        span hundreds of workflows, and once most of them show a new restart cost, that is
-        the cost, not a blend with the old."""
-        latest = [o for _, o in list(self._retries)[-RECENT_OOM_RETRIES:]]
+        followed an OOM kill (by start; a retry still running counts once it has outlived
+        its expectation, at a lower bound: `retry_started`), beyond the latest other
+        attempts' mean. The median, not the mean: OOM kills are rare (a few per hundred
+        workflows), so the latest 20 retries span hundreds of workflows, and once most of
+        them show a new restart cost, that is the cost, not a blend with the old."""
+        latest = [o for _, o in self._known_retries()[-RECENT_OOM_RETRIES:]]
         if not latest:
             return 0.0
         return max(0.0, float(np.median(latest)) - self._base_overhead())
@@ -301,8 +335,9 @@ class TrafficRecorder:
         if cost <= 0:
             return 0.0
         base = self._base_overhead()
+        known = self._known_retries()
         # +1 for a retry that shows the cost, -1 for one that does not; the best suffix sum
-        signs = [1 if o - base >= cost / 2 else -1 for _, o in self._retries]
+        signs = [1 if o - base >= cost / 2 else -1 for _, o in known]
         best, best_at, run = 0, len(signs), 0
         for j in range(len(signs) - 1, -1, -1):
             run += signs[j]
@@ -310,7 +345,7 @@ class TrafficRecorder:
                 best, best_at = run, j
         if best_at == 0:
             return 0.0
-        starts = [s for s, _ in self._retries]
+        starts = [s for s, _ in known]
         return (starts[best_at - 1] + starts[best_at]) / 2 if best_at < len(starts) else 0.0
 
     def _base_overhead(self) -> float:

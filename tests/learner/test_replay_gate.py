@@ -23,6 +23,7 @@ from dagsched.schemas.messages import (
     TaskFailedMsg,
     TaskFinishedMsg,
     TaskSpecMsg,
+    TaskStartedMsg,
     WorkflowMsg,
 )
 from dagsched.settings import load_settings
@@ -70,6 +71,31 @@ def test_the_feed_learns_the_history_from_end_events_at_the_nodes_speed() -> Non
     assert got["fb"].ooms == 1 and got["fb"].oom_limit == 0.75 and got["fb"].count == 0
     got["fa"].count = 99  # a copy: the feed's own history is untouched
     assert feed.history.families["fa"].count == 1
+
+
+def test_the_feed_shows_a_retry_after_an_oom_kill_that_outlives_its_expected_run() -> None:
+    """Its start event, its declaration and its node's speed say when it should have ended;
+    once it has outlived that twice over, the restart estimate knows it costs more."""
+    rec = TrafficRecorder(10, 0)
+    feed = MessageFeed(rec, speed=SPEED)
+    feed.add(_workflow())
+    feed.add(NodeHeartbeatMsg(node="n1", at=0.0, kind="cpu", zone=0, cores=32, mem_gb=128))
+    common = {"workflow_id": "w1", "task": 1, "node": "n1"}
+    feed.add(TaskStartedMsg(attempt=0, at=0.0, **common))
+    feed.add(TaskFailedMsg(attempt=0, at=5.0, reason="oom", peak_mem_gb=9.0, **common))
+    feed.add(TaskStartedMsg(attempt=1, at=10.0, **common))  # expected: 10 s / 1.5
+    feed.add(TaskStartedMsg(workflow_id="w1", task=0, attempt=0, node="n1", at=10.0))
+    feed.add(TaskFinishedMsg(workflow_id="w1", task=0, attempt=0, node="n1", at=40.0,
+                             cpu_core_s=20.0, peak_mem_gb=3.0, runtime_s=20.0))  # fmt: skip
+    # any attempt spends 10 s on the node beyond its compute; at 40 s the retry has outlived
+    # twice its expected run time by 30 - 2 x 10 / 1.5
+    assert rec.oom_restart_s == pytest.approx(30.0 - 20.0 / 1.5)
+    feed.add(NodeHeartbeatMsg(node="n1", at=1_010.0, kind="cpu", zone=0, cores=32, mem_gb=128))
+    # the retry has run 1,000 s: 1000 - 2 x 10 / 1.5 beyond twice its expected run time
+    assert rec.oom_restart_s == pytest.approx(1_000.0 - 20.0 / 1.5)
+    feed.add(TaskFinishedMsg(attempt=1, at=1_100.0, cpu_core_s=6.0, peak_mem_gb=3.0,
+                             runtime_s=6.0, **common))  # fmt: skip
+    assert rec.oom_restart_s == pytest.approx(1_084.0 - 10.0)  # what it cost, once it ended
 
 
 class _Throttled(HeftHistory):

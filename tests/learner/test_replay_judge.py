@@ -227,14 +227,39 @@ def test_the_restart_cost_after_an_oom_kill_follows_a_change_within_a_few_retrie
     for k in range(40):
         r.attempt_ended(200.0 + k, False, overhead_s=1.0, after_oom=True)
     assert r.oom_restart_s == 0.0  # before: a retry costs what any attempt does
-    for k in range(RECENT_OOM_RETRIES // 2 + 1):
-        r.attempt_ended(300.0 + k, False, overhead_s=3601.0, after_oom=True)
+    for k in range(RECENT_OOM_RETRIES // 2 + 1):  # started at 300 + k
+        r.attempt_ended(3901.0 + k, False, overhead_s=3601.0, after_oom=True)
     # most of the latest retries restart for an hour: the mean of the latest would say half
     assert r.oom_restart_s == 3600.0
     for k in range(RECENT_OOM_RETRIES):
-        r.attempt_ended(350.0 + k, False, overhead_s=3601.0, after_oom=True)
+        r.attempt_ended(3951.0 + k, False, overhead_s=3601.0, after_oom=True)
     assert r.oom_restart_s == 3600.0  # the run's average would say a third of it
-    r.attempt_ended(400.0, True, "oom", overhead_s=0.0, after_oom=True)  # a failed retry
+    r.attempt_ended(4000.0, True, "oom", overhead_s=0.0, after_oom=True)  # a failed retry
+    assert r.oom_restart_s == 3600.0
+
+
+def test_retries_still_running_show_a_longer_restart_before_they_end() -> None:
+    """An hour-long restart shows while its first retries still run: each, once it has
+    outlived twice its expected run time, counts at the time beyond (a lower bound), and
+    its end replaces that by what it cost."""
+    r = TrafficRecorder(window_workflows=10, warmup_workflows=0)
+    for k in range(200):
+        r.attempt_ended(float(k), False, overhead_s=1.0)
+    for k in range(10):  # the old cost: no restart
+        r.attempt_ended(205.0 + k, False, overhead_s=1.0, after_oom=True, started_s=200.0 + k)
+    for k in range(11):  # retries expected to run 100 s start at 300 + k, then restart
+        r.retry_started(("t", k), 300.0 + k, 100.0)
+    r.clock(450.0)  # nothing outlived 200 s yet
+    assert r.oom_restart_s == 0.0
+    r.clock(1510.0)  # the 11 have run 1,200 s and more: 1,000 s or more beyond 200 s
+    # the latest 20 by start: 9 old and the 11 running, 1,000 to 1,010 s beyond
+    assert r.oom_restart_s == 1000.5
+    assert 209.0 < r.oom_restart_from_s < 300.0
+    for k in range(11):
+        r.attempt_ended(3990.0 + k, False, overhead_s=3601.0, after_oom=True,
+                        started_s=300.0 + k, key=("t", k))  # fmt: skip
+    assert r.oom_restart_s == 3600.0
+    r.clock(20_000.0)  # ended retries are no longer running
     assert r.oom_restart_s == 3600.0
 
 
