@@ -256,8 +256,10 @@ class TrafficRecorder:
         its end is reported with the same `key`. Until then, once it has outlived
         `OUTLIVED_FACTOR` times that, the time beyond counts as a lower bound of its restart
         cost: a restart cost that rose shows while its first retries still run."""
-        if key in self._running or len(self._running) < KEPT_OOM_RETRIES:
-            self._running[key] = (at_s, max(0.0, expected_s))
+        if key not in self._running and len(self._running) >= KEPT_OOM_RETRIES:
+            # the oldest: one whose end event was lost would otherwise be kept for good
+            del self._running[next(iter(self._running))]
+        self._running[key] = (at_s, max(0.0, expected_s))
 
     def clock(self, at_s: float) -> None:
         """Time is `at_s` (the latest event's; what a running retry has outlived is read
