@@ -329,8 +329,10 @@ ONLINE_SHIFT = {
     "--learner search --out bench/results/online_shift_search",
     "online_shift_search_seed1/online_shift.json": "python bench/online_shift.py --seeds 1 "
     "--first-seed 1 --learner search --out bench/results/online_shift_search_seed1",
-    "online_shift_search_quick/online_shift.json": "python bench/online_shift.py --quick "
-    "--learner search --out bench/results/online_shift_search_quick",
+    "online_shift_quick_seed0/online_shift.json": "python bench/online_shift.py --quick "
+    "--seeds 1 --out bench/results/online_shift_quick_seed0",
+    "online_shift_quick_seed1/online_shift.json": "python bench/online_shift.py --quick "
+    "--seeds 1 --first-seed 1 --out bench/results/online_shift_quick_seed1",
     "online_shift.json": "python bench/online_shift.py --seeds 1",
     "online_shift_quick.json": "python bench/online_shift.py --quick",
     "online_shift_keep_learning.json": "python bench/online_shift.py --keep-learning",
@@ -390,8 +392,8 @@ def learning_page() -> list[str]:
             f"{cfg['seeds']} seeds {X} {cfg['workflows']:,} workflows of the `shift` profile "
             f"(load {cfg['load']}), the shift on at {cfg['shift_at']:.0%} of the arrivals"
             + (
-                f" (families ship a release every {rel:g} of their workflows)"
-                if (rel := cfg.get("shift", {}).get("release_every"))
+                f" (families ship a release every {every:g} of their workflows)"
+                if (every := cfg.get("shift", {}).get("release_every"))
                 else ""
             )
             + "; "
@@ -404,11 +406,12 @@ def learning_page() -> list[str]:
         if rv := s.get("replay_verdicts"):
             fe = s["replay_fidelity_jct_err"]
             counts = ", ".join(f"{k} {v}" for k, v in rv.items())
-            what += (
-                f" Judged by the replay judge: windows {counts}; fidelity (the serving "
-                "version's mean JCT error) median "
+            what += f" Judged by the replay judge: windows {counts}; " + (
+                "fidelity (the serving version's mean JCT error) median "
                 f"{num(100 * fe['median'], 1)}%, worst {num(100 * fe['max'], 1)}%, "
                 f"{fe['over_limit']} of {fe['windows']} windows over {fe['limit']:.0%}."
+                if fe["windows"]
+                else "no window was judged."
             )
         else:
             what += " Judged by the per-workflow A/B."
