@@ -32,7 +32,7 @@ from __future__ import annotations
 import copy
 import zlib
 from collections import deque
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -64,6 +64,31 @@ KEPT_OOM_RETRIES = 1000
 # its expected run time (as a running task's prediction is raised: `estimates`), at the time
 # beyond that: a lower bound of its cost, known before it ends
 OUTLIVED_FACTOR = 2.0
+
+
+def censored_median(values: Sequence[tuple[float, bool]]) -> float:
+    """The Kaplan-Meier median of (value, observed) pairs, where an unobserved value is a
+    lower bound (right-censored: a retry still running has cost at least that much).
+
+    A lower bound leaves the estimate when the values pass it instead of counting as a
+    value: a burst of fresh OOM kills, whose retries still run, does not pull the median
+    below what the retries that ended cost. When the observed values cannot reach half
+    (most are still running), the median of the values taken as they are: a lower bound.
+    With every value observed, the ordinary median.
+    """
+    if not values:
+        raise ValueError("the median of no values")
+    if all(observed for _, observed in values):
+        return float(np.median([v for v, _ in values]))
+    ordered = sorted(values, key=lambda v: (v[0], not v[1]))  # an end before a bound at a tie
+    at_risk, survival = len(ordered), 1.0
+    for value, observed in ordered:
+        if observed:
+            survival *= 1.0 - 1.0 / at_risk
+            if survival <= 0.5 + 1e-12:
+                return value
+        at_risk -= 1
+    return float(np.median([v for v, _ in values]))
 
 
 @dataclass(frozen=True)
@@ -299,30 +324,32 @@ class TrafficRecorder:
         n = len(self.nodes)
         return self.node_downs / (n * hours) if n and hours > 0 else 0.0
 
-    def _known_retries(self) -> list[tuple[float, float]]:
-        """(start, extra time on the node) of the kept retries after an OOM kill, by start:
-        the finished ones, and those still running that have outlived `OUTLIVED_FACTOR`
-        times their expected run time, at the time beyond that (at least their cost)."""
+    def _known_retries(self) -> list[tuple[float, float, bool]]:
+        """(start, extra time on the node, ended) of the kept retries after an OOM kill, by
+        start: the finished ones, and those still running that have outlived
+        `OUTLIVED_FACTOR` times their expected run time, at the time beyond that (at least
+        their cost: right-censored)."""
         base = self._base_overhead()
         running = [
-            (start, base + late)
+            (start, base + late, False)
             for start, expected in self._running.values()
             if (late := self.last_s - start - OUTLIVED_FACTOR * expected) > 0
         ]
-        return sorted([*self._retries, *running], key=lambda r: r[0])
+        done = [(start, extra, True) for start, extra in self._retries]
+        return sorted([*done, *running], key=lambda r: r[0])
 
     @property
     def oom_restart_s(self) -> float:
         """Median extra time on the node of the latest `RECENT_OOM_RETRIES` attempts that
         followed an OOM kill (by start; a retry still running counts once it has outlived
-        its expectation, at a lower bound: `retry_started`), beyond the latest other
+        its expectation, as right-censored: `censored_median`), beyond the latest other
         attempts' mean. The median, not the mean: OOM kills are rare (a few per hundred
         workflows), so the latest 20 retries span hundreds of workflows, and once most of
         them show a new restart cost, that is the cost, not a blend with the old."""
-        latest = [o for _, o in self._known_retries()[-RECENT_OOM_RETRIES:]]
+        latest = [(o, ended) for _, o, ended in self._known_retries()[-RECENT_OOM_RETRIES:]]
         if not latest:
             return 0.0
-        return max(0.0, float(np.median(latest)) - self._base_overhead())
+        return max(0.0, censored_median(latest) - self._base_overhead())
 
     @property
     def oom_restart_from_s(self) -> float:
@@ -330,6 +357,7 @@ class TrafficRecorder:
         the kept retries after which the most show it (an extra time nearer to it than to
         none) against those that do not (of two such points, the later), halfway between the
         starts of the two retries that straddle it; 0 when every kept retry shows it. A
+        retry still running that does not show it yet says nothing and is left out. A
         replay charges the cost to retries from then on only: charged from the replay's
         start, a cost that changed within the replayed span would slow retries that never
         paid it."""
@@ -337,7 +365,9 @@ class TrafficRecorder:
         if cost <= 0:
             return 0.0
         base = self._base_overhead()
-        known = self._known_retries()
+        known = [
+            (start, o) for start, o, ended in self._known_retries() if ended or o - base >= cost / 2
+        ]
         # +1 for a retry that shows the cost, -1 for one that does not; the best suffix sum
         signs = [1 if o - base >= cost / 2 else -1 for _, o in known]
         best, best_at, run = 0, len(signs), 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
+import pytest
 
 from dagsched.core.history import FamilyStats, History, Measured
 from dagsched.core.workflow import TaskSpec, Workflow
@@ -17,6 +18,7 @@ from dagsched.learner.replay_judge import (
     ReplayJudge,
     ReplayJudgeConfig,
     TrafficRecorder,
+    censored_median,
     fidelity_of,
     paired_diffs,
 )
@@ -261,6 +263,36 @@ def test_retries_still_running_show_a_longer_restart_before_they_end() -> None:
     assert r.oom_restart_s == 3600.0
     r.clock(20_000.0)  # ended retries are no longer running
     assert r.oom_restart_s == 3600.0
+
+
+def test_retries_still_running_do_not_pull_the_restart_below_what_ended_ones_cost() -> None:
+    """A burst of fresh OOM kills: their retries still run, each known to cost at least
+    what it has outlived so far. Taken as values they would drag the median below the
+    hour the ended retries show; as lower bounds they leave it there."""
+    r = TrafficRecorder(window_workflows=10, warmup_workflows=0)
+    for k in range(200):
+        r.attempt_ended(float(k), False, overhead_s=1.0)
+    for k in range(10):  # ended: an hour's restart each
+        start = 100.0 + k
+        r.attempt_ended(start + 3601, False, overhead_s=3601.0, after_oom=True, started_s=start)
+    for k in range(10):  # started later, expected to run 100 s: 1,000 to 1,900 s beyond 200 s
+        r.retry_started(("t", k), 5000.0 + 100.0 * k, 100.0)
+    r.clock(7100.0)
+    # taken as values: the median of 10 at 3,600 s and 10 at 1,000 to 1,900 s would be 2,750
+    assert r.oom_restart_s == 3600.0
+    assert r.oom_restart_from_s == 0.0  # every kept retry that shows a cost shows the hour
+
+
+def test_censored_median() -> None:
+    assert censored_median([(1.0, True), (3.0, True), (2.0, True), (4.0, True)]) == 2.5
+    # the bounds below the ended values leave the risk set: the median is what ended
+    assert censored_median([(5.0, True), (5.0, True), (1.0, False), (2.0, False)]) == 5.0
+    # an end at 1 before bounds at 2 and 3: half have ended by 1 on the Kaplan-Meier curve
+    assert censored_median([(1.0, True), (2.0, False), (3.0, True), (9.0, True)]) == 3.0
+    # too few ended to reach half: the values as they are, a lower bound
+    assert censored_median([(1.0, True), (4.0, False), (6.0, False)]) == 4.0
+    with pytest.raises(ValueError):
+        censored_median([])
 
 
 def test_the_restart_cost_is_charged_from_when_it_began_to_hold() -> None:
