@@ -9,10 +9,16 @@ champion's replay four ways:
 - `long`: that, with three times the warm-up;
 - `in flight`: that, plus every workflow still in flight when the first warm-up workflow
   arrived, cut to its tasks not yet finished then (what the task end events tell), arriving
-  at that moment with its own due time.
+  at that moment with its own due time;
+- `after all`: the judge's replay with every later arrival that came while the window's
+  workflows ran, not only the first `after_workflows`;
+- `all in flight`: `after all` and `in flight` together.
+
+`--variants` picks which (default: the first four).
 
     .venv/bin/python experiments/replay_start_state.py [--seed 0] [--workflows 1500]
-        [--replays 2] [--from-window 6] [--release-every R] [--out FILE]
+        [--replays 2] [--from-window 6] [--to-window N] [--variants a,b,...]
+        [--release-every R] [--out FILE]
 
 Prints one row per window (observed mean JCT, and each replay's prediction and error) and
 writes JSON (default experiments/results/replay_start_state.json).
@@ -66,6 +72,11 @@ def main() -> None:
     ap.add_argument("--workflows", type=int, default=1500)
     ap.add_argument("--replays", type=int, default=2)
     ap.add_argument("--from-window", type=int, default=6)
+    ap.add_argument("--to-window", type=int, default=None, help="default: the last")
+    ap.add_argument(
+        "--variants", default="no_after,judge,long,in_flight",
+        help="of no_after, judge, long, in_flight, after_all, all_in_flight",
+    )  # fmt: skip
     ap.add_argument(
         "--release-every", type=float, default=None, help="default: the shift profile's"
     )
@@ -119,9 +130,12 @@ def main() -> None:
         return float(np.mean(per))
 
     rows = []
-    print(f"{'window':>6} {'observed':>9} {'no after':>14} {'judge':>14} {'long':>14} "
-          f"{'in flight':>14} {'carried':>8} {'after':>6}")  # fmt: skip
-    for w in (w for w in wins if w.index >= args.from_window):
+    variants = args.variants.split(",")
+    last_window = args.to_window if args.to_window is not None else len(wins)
+    print(f"{'window':>6} {'observed':>9} "
+          + " ".join(f"{v.replace('_', ' '):>16}" for v in variants)
+          + f" {'carried':>8} {'after':>6} {'all':>6}")  # fmt: skip
+    for w in (w for w in wins if args.from_window <= w.index <= last_window):
         first = pos[w.warmup[0].id] if w.warmup else pos[w.workflows[0].id]
         t0 = order[first].arrival_s
         long_warm = order[max(0, first - 2 * warm) : first]
@@ -132,20 +146,32 @@ def main() -> None:
                 cut = remainder(wf, done, t0)
                 if cut is not None:
                     carried.append(cut)
+        last = max(pos[x.id] for x in w.workflows)
+        last_end = max(ended.get(x.id, x.arrival_s) for x in w.workflows)
+        after_all = [x for x in order[last + 1 :] if x.arrival_s < last_end]
+        in_flight = [*carried, *w.warmup]
+        every_world = {  # (warm-up, later arrivals) per variant
+            "no_after": (w.warmup, []),
+            "judge": (w.warmup, w.after),
+            "long": ([*long_warm, *w.warmup], w.after),
+            "in_flight": (in_flight, w.after),
+            "after_all": (w.warmup, after_all),
+            "all_in_flight": (in_flight, after_all),
+        }
         worlds = {
-            "no_after": replace(w, after=[]).world(sc),
-            "judge": w.world(sc),
-            "long": replace(w, warmup=[*long_warm, *w.warmup]).world(sc),
-            "in_flight": replace(w, warmup=[*carried, *w.warmup]).world(sc),
+            k: replace(w, warmup=every_world[k][0], after=every_world[k][1]).world(sc)
+            for k in variants
         }
         obs = float(np.mean(list(w.jct_s.values())))
         pred = {k: predicted(w, world) for k, world in worlds.items()}
         err = {k: (v - obs) / obs for k, v in pred.items()}
         rows.append({"window": w.index, "observed_jct_s": obs, "predicted_jct_s": pred,
-                     "err": err, "carried": len(carried), "after": len(w.after)})  # fmt: skip
+                     "err": err, "carried": len(carried), "after": len(w.after),
+                     "after_all": len(after_all)})  # fmt: skip
         print(f"{w.index:>6} {obs:>9.0f} "
-              + " ".join(f"{pred[k]:>6.0f} ({err[k]:+5.1%})" for k in worlds)
-              + f" {len(carried):>8} {len(w.after):>6}", flush=True)  # fmt: skip
+              + " ".join(f"{pred[k]:>8.0f} ({err[k]:+5.1%})" for k in worlds)
+              + f" {len(carried):>8} {len(w.after):>6} {len(after_all):>6}",
+              flush=True)  # fmt: skip
     arms = list(rows[0]["err"]) if rows else []
     summary = {
         k: {"mean_err": float(np.mean([r["err"][k] for r in rows])),
