@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -270,18 +271,19 @@ def compare_cmd(
         None, "--replays", min=1, help="K replays per version [evaluator.replay.replays]."
     ),
     seed: int = typer.Option(0, "--seed", help="Seed of the simulated window."),
+    recorded: bool = typer.Option(
+        False,
+        "--recorded",
+        help="Replay the traffic recorded on the broker, not a simulated window.",
+    ),
     as_json: bool = typer.Option(False, "--json", help="One JSON object on stdout."),
     png: Path | None = typer.Option(None, "--png", dir_okay=False, help="Chart of the diffs."),
 ) -> None:
     """The replay judge for any two versions on a window of traffic: A serves a simulated
-    window of the configured scenario, then both replay it K times with common random
-    numbers; per-replay differences (B - A) go through the paired test."""
-    from dataclasses import replace
-
-    from dagsched.learner.replay_feed import record_run
-    from dagsched.learner.replay_judge import ReplayJudge, TrafficRecorder, config_from
-    from dagsched.sim.engine import Simulator
-    from dagsched.sim.runner import stream_workflows
+    window of the configured scenario (or, with --recorded, the windows of the traffic on
+    the broker, served by whatever served it), then both replay it K times with common
+    random numbers; per-replay differences (B - A) go through the paired test."""
+    from dagsched.learner.replay_judge import ReplayJudge, config_from
 
     span = _duration_s(window)
     if png is not None and not png.parent.is_dir():
@@ -289,31 +291,20 @@ def compare_cmd(
     settings = state(ctx).settings()
     name_a, pol_a = _compare_policy(ctx, a)
     name_b, pol_b = _compare_policy(ctx, b)
-    sc = settings.sim
-    wfs = []
-    for wf in stream_workflows(sc, seed, 1_000_000):
-        if wf.arrival_s > span:
-            break
-        wfs.append(wf)
-    if not wfs:
-        raise typer.BadParameter(f"--window {window}: no workflow arrives that soon")
     cfg = config_from(settings.evaluator.replay)
-    cfg = replace(cfg, window_workflows=min(cfg.window_workflows, len(wfs)))
     if replays is not None:
         cfg = replace(cfg, replays=replays)
-    rec = TrafficRecorder.of(cfg)
-    wins = record_run(
-        lambda arrivals, hook: Simulator(sc, arrivals, seed=seed, on_outcome=hook),
-        pol_a(seed),
-        rec,
-        wfs,
-    )
-    judge = ReplayJudge(cfg, sc)
+    if recorded:
+        wins, source = _recorded_windows(settings, cfg, span, window)
+    else:
+        wins = _simulated_windows(settings, cfg, span, window, seed, pol_a)
+        source = f"simulated window ({window}, seed {seed}, served by {name_a})"
+    judge = ReplayJudge(cfg, settings.sim)
     with progress_bar("windows", enabled=stderr_is_tty() and not as_json) as bar:
         for i, w in enumerate(wins):
             judge.judge(w, pol_a, pol_b)
             bar(i + 1, len(wins))
-    doc = _compare_doc(name_a, name_b, window, seed, judge)
+    doc = _compare_doc(name_a, name_b, source, judge)
     if png is not None:
         _compare_png(doc, png)
     if as_json:
@@ -322,7 +313,74 @@ def compare_cmd(
     _compare_table(doc)
 
 
-def _compare_doc(a: str, b: str, window: str, seed: int, judge: Any) -> dict[str, Any]:
+def _simulated_windows(
+    settings: Any, cfg: Any, span: float, window: str, seed: int, served: Any
+) -> list[Any]:
+    """The windows of `span` seconds of the configured scenario's arrivals, served by
+    `served` in the simulator."""
+    from dagsched.learner.replay_feed import record_run
+    from dagsched.learner.replay_judge import TrafficRecorder
+    from dagsched.sim.engine import Simulator
+    from dagsched.sim.runner import stream_workflows
+
+    sc = settings.sim
+    wfs = []
+    for wf in stream_workflows(sc, seed, 1_000_000):
+        if wf.arrival_s > span:
+            break
+        wfs.append(wf)
+    if not wfs:
+        raise typer.BadParameter(f"--window {window}: no workflow arrives that soon")
+    rec = TrafficRecorder.of(replace(cfg, window_workflows=min(cfg.window_workflows, len(wfs))))
+    return record_run(
+        lambda arrivals, hook: Simulator(sc, arrivals, seed=seed, on_outcome=hook),
+        served(seed),
+        rec,
+        wfs,
+    )
+
+
+def _recorded_windows(settings: Any, cfg: Any, span: float, window: str) -> tuple[list[Any], str]:
+    """The closed windows of the traffic recorded on the broker whose first workflow arrived
+    within `span` seconds of the latest arrival, and a line saying what they are."""
+    import asyncio
+    import logging
+
+    from aiokafka.errors import KafkaError
+
+    from dagsched.learner.recorded import read_records, windows_of
+
+    # aiokafka logs each failed connection at ERROR; the one-line error below says it instead
+    kafka_log = logging.getLogger("aiokafka")
+    level = kafka_log.level
+    kafka_log.setLevel(logging.CRITICAL)
+    try:
+        records = asyncio.run(read_records(settings))
+    except (KafkaError, OSError, TimeoutError) as exc:
+        raise typer.BadParameter(
+            f"--recorded: broker {settings.kafka_bootstrap} unreachable ({type(exc).__name__})"
+        ) from None
+    finally:
+        kafka_log.setLevel(level)
+    got = windows_of(settings, cfg, records)
+    if got.workflows and got.workflows < cfg.window_workflows:  # a short recording: one window
+        got = windows_of(settings, replace(cfg, window_workflows=got.workflows), records)
+    if not got.windows:
+        raise typer.BadParameter(
+            f"--recorded: no window of {cfg.window_workflows} workflows has ended among the "
+            f"{got.workflows} recorded on {settings.topic('tasks')}"
+        )
+    last = max(wf.arrival_s for w in got.windows for wf in w.workflows)
+    wins = [w for w in got.windows if w.workflows[0].arrival_s >= last - span]
+    wins = wins or got.windows[-1:]
+    source = (
+        f"recorded traffic: {len(wins)} of {len(got.windows)} closed windows ({window}), "
+        f"{got.workflows} workflows on {settings.topic('tasks')}"
+    )
+    return wins, source
+
+
+def _compare_doc(a: str, b: str, source: str, judge: Any) -> dict[str, Any]:
     from dataclasses import asdict
 
     from dagsched.reporting import to_jsonable
@@ -334,7 +392,7 @@ def _compare_doc(a: str, b: str, window: str, seed: int, judge: Any) -> dict[str
         {
             "a": a,
             "b": b,
-            "source": f"simulated window ({window}, seed {seed}, served by {a})",
+            "source": source,
             "decision": last.decision if last is not None else "continue",
             "reason": last.reason if last is not None else "",
             "fidelity": asdict(last.fidelity) if last is not None else None,

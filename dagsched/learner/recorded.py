@@ -1,0 +1,162 @@
+"""Recorded traffic read back from the broker as replay windows: what `dagsched models
+compare --recorded` replays.
+
+The evaluator records traffic as it consumes it (`learner.replay_gate`). This reads the same
+topics once, from their start to the offsets they had when the read began, and feeds the
+same recorder: every message to a `MessageFeed`, and every workflow's end (its last task
+finished, or a task out of retries) with whether the serving version served it (any arm
+but the challenger's slice and exploration). The topics are read one after another, so the
+records are put back in the order they were appended (their broker timestamps) before
+they are fed: the recorder snapshots the per-family history at each window's start, and
+the history must be the one the events had built by then.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from dagsched.learner.replay_feed import MessageFeed
+from dagsched.learner.replay_judge import ObservedWindow, ReplayJudgeConfig, TrafficRecorder
+from dagsched.schemas.messages import (
+    BadMessage,
+    DecisionMsg,
+    TaskFailedMsg,
+    TaskFinishedMsg,
+    WorkflowMsg,
+    decode,
+)
+from dagsched.settings import Settings
+
+# what the evaluator reads, less the decision log (its covariates only adjust the live A/B)
+TOPICS = ("tasks", "decisions", "events")
+NOT_SERVING = ("challenger", "explore")  # arms that are not the serving version
+
+
+@dataclass
+class Recorded:
+    """The windows the recorded traffic closed, and what was read to get them."""
+
+    windows: list[ObservedWindow] = field(default_factory=list)
+    records: int = 0  # records read, over every topic
+    bad: int = 0  # records that did not decode (the daemon dead-lettered them)
+    workflows: int = 0  # workflows that arrived
+    ended: int = 0  # of them, those whose outcome was recorded
+
+
+async def read_records(settings: Settings, timeout_s: float = 30.0) -> list[tuple[int, bytes]]:
+    """(broker timestamp in ms, value) of every record on the `TOPICS` up to the offsets
+    they had when the read began, in append order across topics."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=settings.kafka_bootstrap,
+        group_id=None,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        fetch_max_wait_ms=5,
+        request_timeout_ms=int(timeout_s * 1000),
+    )
+    await consumer.start()
+    try:
+        existing = await consumer.topics()
+        tps = [
+            TopicPartition(topic, p)
+            for topic in (settings.topic(n) for n in TOPICS)
+            if topic in existing
+            for p in sorted(consumer.partitions_for_topic(topic) or ())
+        ]
+        if not tps:
+            return []
+        consumer.assign(tps)
+        end = await consumer.end_offsets(tps)
+        for tp in tps:  # from offset 0: one out of range (retention) resets to the earliest
+            consumer.seek(tp, 0)
+        out: list[tuple[int, int, bytes]] = []
+        left = {tp for tp in tps if end[tp] > 0}
+        while left:
+            got = await consumer.getmany(*left, timeout_ms=200, max_records=5000)
+            for tp, recs in got.items():
+                for r in recs:
+                    if r.offset < end[tp] and r.value is not None:
+                        out.append((r.timestamp, len(out), r.value))
+            for tp in list(left):
+                if await consumer.position(tp) >= end[tp]:
+                    left.discard(tp)
+        out.sort()
+        return [(ts, value) for ts, _, value in out]
+    finally:
+        await consumer.stop()
+
+
+class WorkflowEnds:
+    """When each recorded workflow ended, from its declaration, its decisions and its tasks'
+    end events."""
+
+    def __init__(self, recorder: TrafficRecorder) -> None:
+        self.recorder = recorder
+        self.ended = 0
+        self._open: dict[str, tuple[float, float, int]] = {}  # id -> arrival, deadline, left
+        self._retries: dict[tuple[str, int], int] = {}  # (workflow, task) -> max retries
+        self._served: dict[str, bool] = {}  # workflow -> served by the serving version
+
+    def add(self, msg: object) -> None:
+        if isinstance(msg, WorkflowMsg):
+            self._open[msg.workflow_id] = (msg.arrival_s, msg.deadline_s, len(msg.tasks))
+        elif isinstance(msg, DecisionMsg):
+            self._retries[(msg.workflow_id, msg.task)] = msg.max_retries
+            self._served.setdefault(msg.workflow_id, msg.arm not in NOT_SERVING)
+        elif isinstance(msg, TaskFinishedMsg):
+            got = self._open.get(msg.workflow_id)
+            if got is None:
+                return
+            arrival, deadline, left = got
+            self._retries.pop((msg.workflow_id, msg.task), None)
+            if left > 1:
+                self._open[msg.workflow_id] = (arrival, deadline, left - 1)
+            else:
+                self._end(msg.workflow_id, msg.at, failed=False)
+        elif isinstance(msg, TaskFailedMsg) and msg.reason != "cancelled":
+            retries = self._retries.get((msg.workflow_id, msg.task))
+            if retries is not None and msg.attempt >= retries:
+                self._end(msg.workflow_id, msg.at, failed=True)
+
+    def _end(self, workflow_id: str, at_s: float, failed: bool) -> None:
+        got = self._open.pop(workflow_id, None)
+        if got is None:
+            return
+        arrival, deadline, _ = got
+        met = not failed and at_s <= arrival + deadline + 1e-9
+        served = self._served.pop(workflow_id, True)
+        self.recorder.ended(workflow_id, at_s - arrival, met, served)
+        self.ended += 1
+        for key in [k for k in self._retries if k[0] == workflow_id]:
+            del self._retries[key]
+
+
+def windows_of(
+    settings: Settings, cfg: ReplayJudgeConfig, records: list[tuple[int, bytes]]
+) -> Recorded:
+    """Feed `records` (as `read_records` returns them) to a recorder as the evaluator does;
+    the windows closed once they are all in (a window closes when its workflows have all
+    ended, or two later windows filled)."""
+    recorder = TrafficRecorder.of(cfg)
+    feed = MessageFeed(recorder, settings.daemon.max_dag_tasks, settings.sim.cluster.speed)
+    ends = WorkflowEnds(recorder)
+    got = Recorded(records=len(records))
+    for _, value in records:
+        try:
+            msg = decode(value)
+        except BadMessage:
+            got.bad += 1
+            continue
+        feed.add(msg)
+        ends.add(msg)
+    got.workflows = recorder.arrivals
+    got.ended = ends.ended
+    got.windows = recorder.ready(feed.families())
+    return got
+
+
+async def recorded_windows(settings: Settings, cfg: ReplayJudgeConfig) -> Recorded:
+    """The windows of the traffic recorded on the broker `settings` names."""
+    return windows_of(settings, cfg, await read_records(settings))
