@@ -274,6 +274,9 @@ class ReplaySettings(_Strict):
     # later arrivals replayed after the window, uncounted: those that came while its
     # workflows ran, at most this many (the traffic its last workflows competed with)
     after_workflows: int = Field(default=150, ge=0)
+    # replay, before the warm-up, the workflows still in flight when it began (their tasks
+    # not yet finished then): on a congested cluster they hold much of its capacity
+    carry_in_flight: bool = False
     replays: int = Field(default=16, ge=1)  # K per version per window (common random numbers)
     alpha: float = Field(default=0.05, gt=0, lt=1)
     min_replays: int = Field(default=16, ge=2)  # paired differences before any verdict

@@ -109,6 +109,8 @@ class MessageFeed:
                 self._oom.add(task)
             else:
                 self._oom.discard(task)
+            if not failed:
+                r.task_finished(msg.workflow_id, msg.task)
             self._learn(msg)
 
     def _expected_s(self, msg: TaskStartedMsg) -> float | None:
@@ -173,6 +175,8 @@ class SimFeed:
             now, o.failed, "", overhead, after_oom=t.after_oom, started_s=t.start_s,
             key=(t.run.wf.id, t.idx, t.attempt),
         )  # fmt: skip
+        if not o.failed:
+            self.recorder.task_finished(t.run.wf.id, t.idx)
 
     def workflow_ended(self, wf: Workflow, now: float, failed: bool, served: bool = True) -> None:
         """A workflow finished, or ran out of retries, at `now`; `served`: by the serving

@@ -64,6 +64,25 @@ KEPT_OOM_RETRIES = 1000
 # its expected run time (as a running task's prediction is raised: `estimates`), at the time
 # beyond that: a lower bound of its cost, known before it ends
 OUTLIVED_FACTOR = 2.0
+# a workflow still in flight this many windows (or warm-ups, the longer) after it arrived is
+# taken as one whose end was not reported, and no longer carried into replays
+IN_FLIGHT_ARRIVALS = 2
+
+
+def remainder(wf: Workflow, done: set[int], at_s: float) -> Workflow | None:
+    """`wf` cut to its tasks not in `done`, arriving at `at_s` with its own due time (None
+    when every task is done). A task that was running restarts: the events do not say how
+    far it got."""
+    keep = [i for i in range(wf.size) if i not in done]
+    if not keep:
+        return None
+    new = {old: k for k, old in enumerate(keep)}
+    edges = [(new[p], new[c]) for c in keep for p in wf.parents[c] if p in new]
+    due = wf.arrival_s + wf.deadline_s
+    return Workflow.build(
+        wf.id, [wf.tasks[i] for i in keep], edges, arrival_s=at_s,
+        deadline_s=max(due - at_s, 1.0), source=wf.source,
+    )  # fmt: skip
 
 
 def censored_median(values: Sequence[tuple[float, bool]]) -> float:
@@ -98,6 +117,9 @@ class ReplayJudgeConfig:
     window_workflows: int = 100
     warmup_workflows: int = 400
     after_workflows: int = 150  # at most this many later arrivals replayed after the window
+    # the workflows in flight when a window's warm-up began, cut to their unfinished tasks,
+    # replayed from then on too
+    carry_in_flight: bool = False
     replays: int = 16  # K: replays per version per window
     fidelity_max_jct_err: float = 0.15
     # fidelity is measured over the last this many judged windows together: one window's
@@ -136,6 +158,9 @@ class ObservedWindow:
     # the arrivals after the window that came before its last workflow ended (all those known
     # when the window closed without some of them): the traffic its stragglers competed with
     after: list[Workflow] = field(default_factory=list)
+    # the workflows in flight when the first warm-up workflow arrived, cut to the tasks not
+    # finished then and arriving then (`remainder`): the work the cluster already held
+    carried: list[Workflow] = field(default_factory=list)
 
     @property
     def mean_jct_s(self) -> float:
@@ -151,7 +176,7 @@ class ObservedWindow:
         the first recorded one either way."""
         before = self.warmup if warmup is None else self.warmup[len(self.warmup) - warmup :]
         return ReplayWorld.build(
-            [*before, *self.workflows, *self.after],
+            [*self.carried, *before, *self.workflows, *self.after],
             [w.id for w in self.workflows],
             base,
             nodes=self.nodes,
@@ -176,13 +201,21 @@ class TrafficRecorder:
     node heartbeats, attempt ends and finished workflows; take closed windows from `ready`."""
 
     def __init__(
-        self, window_workflows: int, warmup_workflows: int, after_workflows: int = 150
+        self,
+        window_workflows: int,
+        warmup_workflows: int,
+        after_workflows: int = 150,
+        carry_in_flight: bool = False,
     ) -> None:
         if window_workflows < 1:
             raise ValueError("window_workflows must be >= 1")
         self.window = window_workflows
         self.warmup = warmup_workflows
         self.after = after_workflows
+        self.carry = carry_in_flight
+        # arrived, not ended: id -> (workflow, its arrival's index, its finished tasks)
+        self._in_flight: dict[str, tuple[Workflow, int, set[int]]] = {}
+        self._carried: dict[int, list[Workflow]] = {}  # window -> in flight at its warm-up
         self.arrived: dict[str, Workflow] = {}
         self.order: list[str] = []  # arrivals not yet in a window, plus the warm-up tail
         self.jct_s: dict[str, float] = {}
@@ -215,7 +248,9 @@ class TrafficRecorder:
     @classmethod
     def of(cls, cfg: ReplayJudgeConfig) -> TrafficRecorder:
         """The recorder of the windows `cfg` judges."""
-        return cls(cfg.window_workflows, cfg.warmup_workflows, cfg.after_workflows)
+        return cls(
+            cfg.window_workflows, cfg.warmup_workflows, cfg.after_workflows, cfg.carry_in_flight
+        )
 
     # -- feeding ------------------------------------------------------------------------------
 
@@ -233,12 +268,40 @@ class TrafficRecorder:
             self.pending_snapshots += list(range(self.warmup // w + 1))
         elif (i + self.warmup) % w == 0:
             self.pending_snapshots.append((i + self.warmup) // w)
+            if self.carry:
+                self._carried[(i + self.warmup) // w] = self._cut_in_flight(i, wf.arrival_s)
+        if self.carry:
+            self._in_flight[wf.id] = (wf, i, set())
         if len(self.order) >= self.window:
             ids, self.order = self.order[: self.window], self.order[self.window :]
             self.open.append(_Open(self._next, ids, list(self._tail)))
             self._next += 1
             tail = [*self._tail, *(self.arrived[i] for i in ids)]
             self._tail = tail[-self.warmup :] if self.warmup else []
+
+    def _cut_in_flight(self, index: int, at_s: float) -> list[Workflow]:
+        """The workflows in flight now, as arrival `index` comes at `at_s`, cut to their
+        unfinished tasks. One whose end was never reported (a lost event, an arm whose
+        outcomes are not recorded) would be carried for good: those that arrived more than
+        `IN_FLIGHT_ARRIVALS` windows' worth of arrivals ago are let go."""
+        oldest = index - IN_FLIGHT_ARRIVALS * max(self.window, self.warmup)
+        for wid in [k for k, (_, i, _) in self._in_flight.items() if i < oldest]:
+            del self._in_flight[wid]
+        out = []
+        for wf, _, done in self._in_flight.values():
+            cut = remainder(wf, done, at_s)
+            if cut is not None:
+                out.append(cut)
+        return out
+
+    def task_finished(self, workflow_id: str, task: int) -> None:
+        """A task of a workflow finished (what `carry_in_flight` cuts in-flight work by)."""
+        got = self._in_flight.get(workflow_id)
+        if got is None:
+            return
+        got[2].add(task)
+        if len(got[2]) >= got[0].size:
+            del self._in_flight[workflow_id]
 
     def snapshot(self, families: Mapping[str, FamilyStats]) -> None:
         """The per-family history now, for the windows waiting for one (a copy is kept)."""
@@ -295,6 +358,7 @@ class TrafficRecorder:
         """A workflow finished (or failed) after `jct_s` seconds; `served`: by the serving
         version (not a challenger's or the exploration slice). A workflow no open or coming
         window holds (its window closed without it) is not kept."""
+        self._in_flight.pop(workflow_id, None)
         if workflow_id not in self.arrived:
             return
         self.jct_s[workflow_id] = jct_s
@@ -433,6 +497,7 @@ class TrafficRecorder:
                 if i in self.elsewhere
             ),
             after=after,
+            carried=self._carried.pop(w.index, []),
         )
         needed = {x.id for x in self._tail} | set(self.order)
         for o in self.open:
@@ -509,6 +574,7 @@ def config_from(cfg: ReplaySettings) -> ReplayJudgeConfig:
         window_workflows=cfg.window_workflows,
         warmup_workflows=cfg.warmup_workflows,
         after_workflows=cfg.after_workflows,
+        carry_in_flight=cfg.carry_in_flight,
         replays=cfg.replays,
         fidelity_max_jct_err=cfg.fidelity_max_jct_err,
         fidelity_windows=cfg.fidelity_windows,

@@ -21,6 +21,7 @@ from dagsched.learner.replay_judge import (
     censored_median,
     fidelity_of,
     paired_diffs,
+    remainder,
 )
 from dagsched.learner.sequential import PairedRule, PairedTest
 from dagsched.settings import load_settings
@@ -204,6 +205,54 @@ def test_a_window_keeps_the_later_arrivals_that_came_while_it_ran() -> None:
     capped.ended("w0", 2.0, True)
     capped.ended("w1", 2.5, True)
     assert [x.id for x in capped.ready({})[0].after] == ["w2"]
+
+
+def _chain(i: int, n: int) -> Workflow:
+    tasks = [TaskSpec(f"t{k}", "cpu", 10.0, 1.0, 1.0, family="f") for k in range(n)]
+    edges = [(k, k + 1) for k in range(n - 1)]
+    return Workflow.build(f"w{i}", tasks, edges, arrival_s=float(i), deadline_s=100.0)
+
+
+def test_remainder_keeps_the_unfinished_tasks_and_the_due_time() -> None:
+    wf = _chain(0, 3)
+    cut = remainder(wf, {0}, 40.0)
+    assert cut is not None and cut.id == "w0" and cut.size == 2
+    assert cut.arrival_s == 40.0 and cut.deadline_s == 60.0  # due at 100 s, as before
+    assert [t.name for t in cut.tasks] == ["t1", "t2"] and cut.parents[1] == [0]
+    assert remainder(wf, {0, 1, 2}, 40.0) is None
+
+
+def test_windows_carry_the_work_in_flight_when_their_warm_up_began() -> None:
+    """With `carry_in_flight`, a window's replay starts on a cluster that holds what it held:
+    the workflows still running when its first warm-up workflow arrived, cut to their tasks
+    not finished then. A workflow whose end was never reported is let go after a while."""
+    r = TrafficRecorder(window_workflows=2, warmup_workflows=2, carry_in_flight=True)
+    off = TrafficRecorder(window_workflows=2, warmup_workflows=2)
+    for rec in (r, off):
+        rec.workflow(_chain(0, 2))
+        rec.workflow(_chain(1, 3))
+        rec.ended("w0", 1.0, True)
+        rec.task_finished("w1", 0)
+        for i in range(2, 6):  # window 2 (w4, w5) warms up on w2, w3: w1 was in flight
+            rec.workflow(_chain(i, 1))
+        for i in range(1, 6):
+            rec.ended(f"w{i}", 1.0, True)
+    got = {w.index: w for w in r.ready({})}
+    (carried,) = got[2].carried
+    assert carried.id == "w1" and carried.size == 2 and carried.arrival_s == 2.0
+    world = got[2].world(load_settings(profile="test").sim)
+    assert [w.id for w in world.workflows] == ["w1", "w2", "w3", "w4", "w5"]
+    assert world.counted == {"w4", "w5"}
+    assert not got[1].carried  # w0 ended before w1 (its warm-up start) arrived
+    assert all(not w.carried for w in off.ready({}))
+    # one never reported ended: carried for two windows' worth of arrivals, then let go
+    lost = TrafficRecorder(window_workflows=2, warmup_workflows=2, carry_in_flight=True)
+    lost.workflow(_chain(0, 2))
+    for i in range(1, 12):
+        lost.workflow(_chain(i, 1))
+        lost.ended(f"w{i}", 0.5, True)
+    held = {w.index: [c.id for c in w.carried] for w in lost.ready({})}
+    assert held[2] == held[3] == ["w0"] and held[4] == held[5] == []
 
 
 def test_later_arrivals_load_the_replay_of_a_window() -> None:
