@@ -42,7 +42,13 @@ from online_shift import CHAMPION, shift_time, workload
 
 from dagsched.core.workflow import Workflow
 from dagsched.learner.replay_feed import record_run
-from dagsched.learner.replay_judge import ObservedWindow, TrafficRecorder, config_from, replay_seed
+from dagsched.learner.replay_judge import (
+    ObservedWindow,
+    TrafficRecorder,
+    config_from,
+    remainder,
+    replay_seed,
+)
 from dagsched.policy.bundle import load_bundle
 from dagsched.settings import load_settings
 from dagsched.sim.engine import Simulator
@@ -50,20 +56,6 @@ from dagsched.sim.replay_world import ReplayWorld, play
 from dagsched.sim.reward import TaskOutcome
 from dagsched.sim.runs import TaskRun
 from dagsched.sim.snapshot import SchedulerPolicy
-
-
-def remainder(wf: Workflow, done: set[int], at_s: float) -> Workflow | None:
-    """`wf` cut to the tasks not in `done`, arriving at `at_s` with its own due time."""
-    keep = [i for i in range(wf.size) if i not in done]
-    if not keep:
-        return None
-    new = {old: k for k, old in enumerate(keep)}
-    edges = [(new[p], new[c]) for c in keep for p in wf.parents[c] if p in new]
-    due = wf.arrival_s + wf.deadline_s
-    return Workflow.build(
-        wf.id, [wf.tasks[i] for i in keep], edges, arrival_s=at_s,
-        deadline_s=max(due - at_s, 1.0), source=wf.source,
-    )  # fmt: skip
 
 
 def main() -> None:
