@@ -362,12 +362,10 @@ def _recorded_windows(settings: Any, cfg: Any, span: float, window: str) -> tupl
         ) from None
     finally:
         kafka_log.setLevel(level)
-    got = windows_of(settings, cfg, records)
-    if got.workflows and got.workflows < cfg.window_workflows:  # a short recording: one window
-        got = windows_of(settings, replace(cfg, window_workflows=got.workflows), records)
+    got = windows_of(settings, cfg, records, fit_window=True)
     if not got.windows:
         raise typer.BadParameter(
-            f"--recorded: no window of {cfg.window_workflows} workflows has ended among the "
+            f"--recorded: no window of up to {cfg.window_workflows} workflows has ended among the "
             f"{got.workflows} recorded on {settings.topic('tasks')}"
         )
     last = max(wf.arrival_s for w in got.windows for wf in w.workflows)

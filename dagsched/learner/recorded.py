@@ -13,7 +13,7 @@ the history must be the one the events had built by then.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
@@ -39,7 +39,6 @@ class Recorded:
     """The windows the recorded traffic closed, and what was read to get them."""
 
     windows: list[ObservedWindow] = field(default_factory=list)
-    records: int = 0  # records read, over every topic
     bad: int = 0  # records that did not decode (the daemon dead-lettered them)
     workflows: int = 0  # workflows that arrived
     ended: int = 0  # of them, those whose outcome was recorded
@@ -134,29 +133,33 @@ class WorkflowEnds:
 
 
 def windows_of(
-    settings: Settings, cfg: ReplayJudgeConfig, records: list[tuple[int, bytes]]
+    settings: Settings,
+    cfg: ReplayJudgeConfig,
+    records: list[tuple[int, bytes]],
+    fit_window: bool = False,
 ) -> Recorded:
     """Feed `records` (as `read_records` returns them) to a recorder as the evaluator does;
     the windows closed once they are all in (a window closes when its workflows have all
-    ended, or two later windows filled)."""
+    ended, or two later windows filled). `fit_window`: a recording shorter than one window
+    is one window."""
+    messages = []
+    got = Recorded()
+    for _, value in records:
+        try:
+            messages.append(decode(value))
+        except BadMessage:
+            got.bad += 1
+    if fit_window:
+        arrived = sum(isinstance(m, WorkflowMsg) for m in messages)
+        if 0 < arrived < cfg.window_workflows:
+            cfg = replace(cfg, window_workflows=arrived)
     recorder = TrafficRecorder.of(cfg)
     feed = MessageFeed(recorder, settings.daemon.max_dag_tasks, settings.sim.cluster.speed)
     ends = WorkflowEnds(recorder)
-    got = Recorded(records=len(records))
-    for _, value in records:
-        try:
-            msg = decode(value)
-        except BadMessage:
-            got.bad += 1
-            continue
+    for msg in messages:
         feed.add(msg)
         ends.add(msg)
     got.workflows = recorder.arrivals
     got.ended = ends.ended
     got.windows = recorder.ready(feed.families())
     return got
-
-
-async def recorded_windows(settings: Settings, cfg: ReplayJudgeConfig) -> Recorded:
-    """The windows of the traffic recorded on the broker `settings` names."""
-    return windows_of(settings, cfg, await read_records(settings))
