@@ -26,9 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
 from online_shift import CHAMPION, shift_time, workload
 
-from dagsched.learner.replay_feed import SimFeed
+from dagsched.learner.replay_feed import record_run
 from dagsched.learner.replay_judge import (
-    ObservedWindow,
     ReplayJudge,
     TrafficRecorder,
     config_from,
@@ -38,8 +37,6 @@ from dagsched.policy.bundle import load_bundle
 from dagsched.settings import load_settings
 from dagsched.sim.engine import Simulator
 from dagsched.sim.replay_world import AsServed
-from dagsched.sim.reward import TaskOutcome
-from dagsched.sim.runs import TaskRun
 from dagsched.sim.snapshot import SchedulerPolicy
 
 SEED = 1
@@ -74,23 +71,14 @@ def main() -> None:
         for k, w in enumerate(arrivals)
         if k >= SLICE_FROM and zlib.crc32(w.id.encode()) % 10 < SHARE
     )
-    rec = TrafficRecorder.of(cfg)
-    feed = SimFeed(rec)
-    closed: list[ObservedWindow] = []
-
-    def hook(t: TaskRun, o: TaskOutcome, _reward: float) -> None:
-        assert feed.sim is not None
-        now = feed.sim.now
-        feed.outcome(t, o, now)
-        failed = o.failed and t.failures + 1 > t.max_retries
-        if failed or (not o.failed and t.run.remaining == 1):
-            feed.workflow_ended(t.run.wf, now, failed, served=t.run.wf.id not in others)
-            if rec.closable():  # as the loop closes them: with what is known then
-                closed.extend(feed.ready())
-
-    sim = Simulator(sc, feed.workflows(iter(arrivals)), seed=SEED, on_outcome=hook)
-    feed.attach(sim)
-    sim.run(AsServed(SchedulerPolicy(champion), SchedulerPolicy(challenger), others))
+    closed = record_run(
+        lambda arrivals, hook: Simulator(sc, arrivals, seed=SEED, on_outcome=hook),
+        AsServed(SchedulerPolicy(champion), SchedulerPolicy(challenger), others),
+        TrafficRecorder.of(cfg),
+        arrivals,
+        served=lambda wid: wid not in others,
+        as_they_close=True,  # as the loop closes them: with what is known then
+    )
     rows: list[dict[str, Any]] = []
     head = ("window", "carried", "slice", "observed", "judge", "with carried")
     print(" ".join(f"{h:>{n}}" for h, n in zip(head, (6, 7, 5, 9, 15, 15), strict=True)))

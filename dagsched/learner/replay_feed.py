@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import copy
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from dagsched.core.history import FamilyStats, History, measured_ratios
@@ -216,11 +216,20 @@ class SimFeed:
 
 
 def record_run(
-    sim_factory: Any, policy: Policy, recorder: TrafficRecorder, workflows: Iterable[Workflow]
+    sim_factory: Any,
+    policy: Policy,
+    recorder: TrafficRecorder,
+    workflows: Iterable[Workflow],
+    served: Callable[[str], bool] | None = None,
+    as_they_close: bool = False,
 ) -> list[ObservedWindow]:
     """Play `workflows` under `policy` in `sim_factory(arrivals, hook)` to the end; every
-    window the recorder closed (the last windows close when the run ends)."""
+    window the recorder closed. `served(workflow id)`: whether the serving version served
+    it (default: every one). By default the windows close when the run ends, all with what
+    is known then; `as_they_close` closes each as soon as it can, as the evaluator does,
+    with the restart estimate and the history of that moment."""
     feed = SimFeed(recorder)
+    closed: list[ObservedWindow] = []
 
     def hook(t: TaskRun, o: TaskOutcome, _reward: float) -> None:
         assert feed.sim is not None
@@ -228,9 +237,12 @@ def record_run(
         feed.outcome(t, o, now)
         failed = o.failed and t.failures + 1 > t.max_retries
         if failed or (not o.failed and t.run.remaining == 1):
-            feed.workflow_ended(t.run.wf, now, failed)
+            wf = t.run.wf
+            feed.workflow_ended(wf, now, failed, served(wf.id) if served is not None else True)
+            if as_they_close and recorder.closable():
+                closed.extend(feed.ready())
 
     sim = sim_factory(feed.workflows(workflows), hook)
     feed.attach(sim)
     sim.run(policy)
-    return feed.ready()
+    return [*closed, *feed.ready()]
