@@ -1,7 +1,7 @@
 """Does the work in flight explain the replay's error while a challenger with a tighter memory
 reservation serves a slice? `shift` seed 1 (2,000 workflows, the shift at 10% of them) as
 the loop first served it: the frozen champion, with its memory reservation moved -0.2 logit
-on 30% of the workflows from arrival 432 (the slice by a hash of the workflow id). Every
+on the loop's 30% slice (`workflow_bucket`) from arrival 432 on (`LoopSlice`). Every
 window that closes while the run goes on is replayed as served, as the judge does, with and
 without the workflows in flight when its warm-up began (`carry_in_flight`). Printed per
 window: the observed and predicted mean JCT of the champion's workflows and the error.
@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import zlib
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
 from online_shift import CHAMPION, shift_time, workload
 
+from dagsched.core.workflow import Workflow
 from dagsched.learner.replay_feed import record_run
 from dagsched.learner.replay_judge import (
     ReplayJudge,
@@ -34,14 +34,38 @@ from dagsched.learner.replay_judge import (
 )
 from dagsched.learner.variants import ShiftedReservation
 from dagsched.policy.bundle import load_bundle
+from dagsched.schemas.ab import workflow_bucket
 from dagsched.settings import load_settings
 from dagsched.sim.engine import Simulator
 from dagsched.sim.replay_world import AsServed
+from dagsched.sim.runs import Decision, Policy, TaskRun
 from dagsched.sim.snapshot import SchedulerPolicy
 
 SEED = 1
 SLICE_FROM = 432  # the arrival at which the loop registered the memory -0.2 challenger
-SHARE = 3  # of 10
+SHARE = 0.3  # the loop's challenger share
+
+
+class LoopSlice(AsServed):
+    """As the loop served: the tasks of the slice's workflows decided by `other` from
+    `from_s` on (in flight or not, as the daemon picks an arm per task), all by `main`
+    before."""
+
+    def __init__(self, main: Policy, other: Policy, others: frozenset[str], from_s: float) -> None:
+        super().__init__(main, other, others)
+        self.from_s = from_s
+
+    def decide(self, sim: Simulator, ready: list[TaskRun]) -> list[Decision]:
+        if sim.now < self.from_s:
+            return self.main.decide(sim, ready)
+        return super().decide(sim, ready)
+
+
+def loop_slice(arrivals: list[Workflow]) -> tuple[frozenset[str], float]:
+    """The workflows of the loop's challenger slice, and when it began to serve them."""
+    from_s = arrivals[SLICE_FROM].arrival_s
+    slice_ = frozenset(w.id for w in arrivals if workflow_bucket(w.id) < SHARE)
+    return slice_, from_s
 
 
 def main() -> None:
@@ -66,14 +90,13 @@ def main() -> None:
     champion = load_bundle(CHAMPION, "v1")
     challenger = ShiftedReservation(champion, "mem", -0.2, "mem")
     arrivals = list(workload(sc, SEED, 2000))[: args.workflows]
-    others = frozenset(
-        w.id
-        for k, w in enumerate(arrivals)
-        if k >= SLICE_FROM and zlib.crc32(w.id.encode()) % 10 < SHARE
-    )
+    slice_, from_s = loop_slice(arrivals)
+    # what the loop's recorder marks as served elsewhere: the slice's workflows it first
+    # decided with the challenger
+    others = frozenset(w.id for w in arrivals if w.id in slice_ and w.arrival_s >= from_s)
     closed = record_run(
         lambda arrivals, hook: Simulator(sc, arrivals, seed=SEED, on_outcome=hook),
-        AsServed(SchedulerPolicy(champion), SchedulerPolicy(challenger), others),
+        LoopSlice(SchedulerPolicy(champion), SchedulerPolicy(challenger), slice_, from_s),
         TrafficRecorder.of(cfg),
         arrivals,
         served=lambda wid: wid not in others,
