@@ -128,6 +128,11 @@ def table(doc: dict) -> None:
             f"replay judge: windows {s['replay_verdicts']}; fidelity (mean JCT error) "
             f"median {med}, max {top}, {fe['over_limit']} of {fe['windows']} over {fe['limit']:.0%}"
         )
+        if fe.get("own_after_shift_max") is not None:
+            c.print(
+                f"  each window alone, after the shift: median {fe['own_after_shift_median']:.1%}, "
+                f"max {fe['own_after_shift_max']:.1%}, {fe['own_over_limit']} over the limit"
+            )
     if s.get("promoted_shifts"):
         c.print(f"promoted shifts per seed (logit): {s['promoted_shifts']}")
     c.print(f"targets: {s['targets']}")

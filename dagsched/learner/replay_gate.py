@@ -6,7 +6,13 @@ and finished workflows; the in-process loop (`learner.sim_loop`) builds it with 
 over its simulator run. Either takes closed windows from `next_window`, runs `judge_window`
 (the evaluator in a worker thread: a window's replays take seconds to minutes) and hands the
 report back to `take`. Each pair gets its own `ReplayJudge`, so a report judged for a pair
-that has since changed is dropped, never counted in the new pair's test.
+that has since changed is dropped, never counted in the new pair's test. Fidelity is pooled
+across pairs (`FidelityPool`): it is the replay's, whichever pair a window was judged for.
+
+A closed window no pair is judged on, that the champion served alone, is replayed for
+fidelity only (`next_window` gives it with no challenger, `judge_window` measures it): the
+fidelity is known before a challenger comes, and a new challenger's first windows are
+pooled with the windows before them instead of measured alone.
 
 A pair is judged only on fresh windows: those whose every workflow arrived after the pair
 was set. A challenger is fitted to the traffic it was trained or searched on, so replaying it
@@ -27,6 +33,7 @@ from dagsched.learner.canary import CanaryCheck
 from dagsched.learner.live_ab import Sample
 from dagsched.learner.replay_feed import MessageFeed
 from dagsched.learner.replay_judge import (
+    FidelityPool,
     ObservedWindow,
     ReplayJudge,
     ReplayJudgeConfig,
@@ -41,6 +48,9 @@ from dagsched.sim.replay_world import PolicyFactory
 from dagsched.sim.snapshot import SchedulerPolicy
 
 Pair = tuple[str, str]  # (champion, challenger) version ids, "v3"
+# what a closed window is replayed for: the pair under test, or (champion, None) for
+# fidelity only
+Job = tuple[str, str | None]
 # closed windows waiting to be judged: when judging falls behind traffic, the newest are kept
 MAX_WAITING = 2
 
@@ -73,9 +83,13 @@ class ReplayGate(Generic[F]):
         self.feed = feed(self.recorder)
         self.load = load
         self.pair: Pair | None = None
-        self.judge = ReplayJudge(cfg, base)
+        self.champion: str | None = None
+        self.fidelity = FidelityPool(cfg.fidelity_windows)  # every pair's, and none's
+        self.judge = ReplayJudge(cfg, base, self.fidelity)
         self.won: WindowReport | None = None  # the pair's replay win, waiting for the canary
         self.waiting: deque[ObservedWindow] = deque(maxlen=MAX_WAITING)
+        # closed windows no pair is judged on, served by the champion alone: fidelity only
+        self.unjudged: deque[ObservedWindow] = deque(maxlen=MAX_WAITING)
         self.recent: deque[ObservedWindow] = deque(maxlen=MAX_WAITING)  # whatever the pair
         self.reports: deque[tuple[Pair, WindowReport]] = deque(maxlen=1000)
         self.skipped = 0  # closed windows not judged: no pair, not fresh, or judging fell behind
@@ -101,43 +115,54 @@ class ReplayGate(Generic[F]):
 
     def versions(self, champion: str | None, challenger: str | None) -> None:
         """The pair under test now; a new pair starts a new test."""
+        self.champion = champion
         pair = (champion, challenger) if champion and challenger else None
         if pair == self.pair:
             return
         self.pair = pair
-        self.judge = ReplayJudge(self.cfg, self.base)
+        self.judge = ReplayJudge(self.cfg, self.base, self.fidelity)
         self.won = None
         # judged on traffic still to come: the first window that starts after this arrival
         self.fresh_from = -(-self.recorder.arrivals // self.cfg.window_workflows)
         self.waiting = deque(maxlen=MAX_WAITING)
-        keep = set(pair or ())
+        keep = {*(pair or ()), champion}
         self._schedulers = {v: s for v, s in self._schedulers.items() if v in keep}
 
     # -- judging ------------------------------------------------------------------------------
 
-    def next_window(self) -> tuple[ObservedWindow, Pair, ReplayJudge] | None:
-        """The next closed window to judge for the pair under test, if any."""
+    def next_window(self) -> tuple[ObservedWindow, Job, ReplayJudge] | None:
+        """The next closed window to replay, if any: for the pair under test, else (champion,
+        None) for fidelity only. Judging comes first; a window no pair is judged on is
+        measured when the champion served it alone."""
         closed = self.recorder.ready(self.feed.families()) if self.recorder.closable() else []
         for w in closed:
             self.recent.append(w)
             if self.pair is None or w.index < self.fresh_from:
                 self.skipped += 1
+                if not w.elsewhere:
+                    self.unjudged.append(w)
                 continue
             if len(self.waiting) == self.waiting.maxlen:
                 self.skipped += 1
             self.waiting.append(w)
-        if self.pair is None or not self.waiting:
-            return None
-        return self.waiting.popleft(), self.pair, self.judge
+        if self.pair is not None and self.waiting:
+            return self.waiting.popleft(), self.pair, self.judge
+        if self.champion is not None and self.unjudged:
+            return self.unjudged.popleft(), (self.champion, None), self.judge
+        return None
 
-    def judge_window(self, obs: ObservedWindow, pair: Pair, judge: ReplayJudge) -> WindowReport:
-        """Replay `obs` for both versions of `pair` (blocking: run it in a worker thread)."""
-        champion, challenger = (self._policy(v) for v in pair)
-        return judge.judge(obs, champion, challenger)
+    def judge_window(self, obs: ObservedWindow, job: Job, judge: ReplayJudge) -> WindowReport:
+        """Replay `obs` for both versions of the pair `job`, or for its champion alone when
+        it names no challenger (blocking: run it in a worker thread)."""
+        champion, challenger = job
+        if challenger is None:
+            return judge.measure(obs, self._policy(champion))
+        return judge.judge(obs, self._policy(champion), self._policy(challenger))
 
-    def take(self, report: WindowReport, pair: Pair) -> str | None:
+    def take(self, report: WindowReport, pair: Job) -> str | None:
         """A judged window's report: "retire" when the replay says so, None otherwise (a win
-        is kept in `won` until the canary is clean). Reports of an old pair are dropped."""
+        is kept in `won` until the canary is clean). Reports of an old pair, and of windows
+        measured for fidelity only, are dropped."""
         if pair != self.pair:
             return None
         self.reports.append((pair, report))

@@ -18,9 +18,11 @@ history, the fault rates and the OOM restart time that the events revealed.
   (replay k of both versions uses one seed: the same task ratios and node crashes), checks
   fidelity (the window replayed as it was served, the challenger on the workflows of its
   slice, against what the window really did: the relative error of mean JCT over the
-  workflows the serving version served; above `fidelity_max_jct_err` the verdict is
-  `unreliable` and nothing is added), then feeds the K per-replay
-  differences to the paired mSPRT (`sequential.PairedTest`). Windows do not overlap, so
+  workflows the serving version served, pooled over the latest `fidelity_windows` windows
+  by `FidelityPool`; above `fidelity_max_jct_err` the verdict is `unreliable` and nothing
+  is added), then feeds the K per-replay differences to the paired mSPRT
+  (`sequential.PairedTest`). `ReplayJudge.measure` replays a window the champion served
+  alone for fidelity only, when no challenger is under test. Windows do not overlap, so
   no replay is counted twice. The K replays of one window share its workflows: by default
   (`variance: replays`) the test asks what the challenger gains on the traffic seen, and
   the per-replay spread is its noise; `variance: windows` also takes the spread between
@@ -53,6 +55,8 @@ from dagsched.sim.replay_world import (
 )
 
 UNRELIABLE = "unreliable"
+# a window replayed for fidelity only: no challenger was under test for it
+MEASURED = "measured"
 # what the restart after an OOM kill costs is estimated from this many latest retries (a
 # shifted world's hour-long restart shows within them), against this many other attempts
 RECENT_OOM_RETRIES = 20
@@ -122,8 +126,9 @@ class ReplayJudgeConfig:
     carry_in_flight: bool = False
     replays: int = 16  # K: replays per version per window
     fidelity_max_jct_err: float = 0.15
-    # fidelity is measured over the last this many judged windows together: one window's
-    # mean JCT is too noisy a target (one realisation of a heavy-tailed world)
+    # fidelity is measured over the last this many windows replayed as served together,
+    # whichever pair each was judged for (`FidelityPool`): one window's mean JCT is too
+    # noisy a target (one realisation of a heavy-tailed world)
     fidelity_windows: int = 4
     # a window a challenger's slice shared is replayed as it was served this many times (the
     # first seeds of the K): those replays measure fidelity only. Fewer cost less during a
@@ -524,19 +529,39 @@ class Fidelity:
     sla_err: float  # absolute, in SLA points
 
 
+class FidelityPool:
+    """The latest windows replayed as they were served, whatever pair each was judged for
+    (or none: `ReplayJudge.measure`), and the fidelity over them together. Fidelity is the
+    replay's, not a pair's: a new challenger's first window is pooled with the windows
+    before it, not measured alone (one window's mean JCT is one realisation of a
+    heavy-tailed world)."""
+
+    def __init__(self, windows: int) -> None:
+        self._served: deque[tuple[ObservedWindow, list[ReplayResult]]] = deque(
+            maxlen=max(1, windows)
+        )
+
+    def add(self, obs: ObservedWindow, served: list[ReplayResult]) -> Fidelity:
+        """`obs` replayed as served: the fidelity over the pooled windows, it included."""
+        self._served.append((obs, served))
+        return fidelity_of(list(self._served))
+
+
 @dataclass
 class WindowReport:
-    """One judged window: fidelity, the per-replay differences, the verdict after it."""
+    """One judged window: fidelity (over the pooled windows, and the window's own), the
+    per-replay differences, the verdict after it."""
 
     window: int
     workflows: int
     fidelity: Fidelity
-    decision: str  # promote | retire | continue | unreliable
+    decision: str  # promote | retire | continue | unreliable | measured
     reason: str
     diffs: list[dict[str, float]] = field(default_factory=list)
     champion: list[dict[str, float]] = field(default_factory=list)
     challenger: list[dict[str, float]] = field(default_factory=list)
     verdict: Verdict | None = None
+    own_fidelity: Fidelity | None = None  # this window's alone (reported, not gated on)
 
     @property
     def gain(self) -> dict[str, float | None]:
@@ -632,14 +657,18 @@ def replay_seed(seed: int, window: int, k: int) -> int:
 
 class ReplayJudge:
     """Paired replays of recorded windows -> the paired sequential test (see the module
-    docstring). One test per (champion, challenger) pair: `reset` starts a new one."""
+    docstring). One test per (champion, challenger) pair: `reset` starts a new one.
+    `fidelity`: the pool fidelity is measured over (shared with the judges of other pairs
+    by `learner.replay_gate`; by default the judge's own)."""
 
-    def __init__(self, cfg: ReplayJudgeConfig, base: ScenarioConfig) -> None:
+    def __init__(
+        self, cfg: ReplayJudgeConfig, base: ScenarioConfig, fidelity: FidelityPool | None = None
+    ) -> None:
         self.cfg = cfg
         self.base = base
         self.test = PairedTest(cfg.rule)
         self.reports: list[WindowReport] = []
-        self._served: list[tuple[ObservedWindow, list[ReplayResult]]] = []  # fidelity's
+        self.fidelity = fidelity if fidelity is not None else FidelityPool(cfg.fidelity_windows)
 
     def reset(self) -> None:
         """A new pair of versions: the test starts over."""
@@ -673,15 +702,8 @@ class ReplayJudge:
             if obs.elsewhere
             else base
         )
-        self._served = [*self._served, (obs, served)][-self.cfg.fidelity_windows :]
-        fid = fidelity_of(self._served)
-        report = WindowReport(obs.index, len(obs.workflows), fid, UNRELIABLE, "",
-                              champion=[_summary(r) for r in base])  # fmt: skip
-        if fid.jct_err > self.cfg.fidelity_max_jct_err:
-            report.reason = (
-                f"replay fidelity: mean JCT off by {fid.jct_err:.1%} "
-                f"(limit {self.cfg.fidelity_max_jct_err:.0%})"
-            )
+        report = self._measured(obs, served, base)
+        if report.decision == UNRELIABLE:
             self.reports.append(report)
             return report
         other = self.replay(world, challenger, obs.index)
@@ -691,6 +713,36 @@ class ReplayJudge:
         v = self.test.verdict()
         report.decision, report.reason, report.verdict = v.decision, v.reason, v
         self.reports.append(report)
+        return report
+
+    def measure(self, obs: ObservedWindow, champion: PolicyFactory) -> WindowReport:
+        """Replay `obs`, served by the champion alone, for fidelity only (no challenger is
+        under test): `MEASURED`, or `UNRELIABLE` while the pooled fidelity is off."""
+        if obs.elsewhere:
+            raise ValueError("a window another version shared is measured as it was served")
+        n = self.cfg.fidelity_replays
+        base = self.replay(obs.world(self.base), champion, obs.index, n)
+        report = self._measured(obs, base, base)
+        if report.decision != UNRELIABLE:
+            report.decision, report.reason = MEASURED, "fidelity only: no challenger under test"
+        self.reports.append(report)
+        return report
+
+    def _measured(
+        self, obs: ObservedWindow, served: list[ReplayResult], champion: list[ReplayResult]
+    ) -> WindowReport:
+        """The window's report so far: its fidelity, pooled and its own; `UNRELIABLE` with
+        the reason when the pooled fidelity is over the limit, else undecided ("")."""
+        fid = self.fidelity.add(obs, served)
+        report = WindowReport(obs.index, len(obs.workflows), fid, "", "",
+                              champion=[_summary(r) for r in champion],
+                              own_fidelity=fidelity_of([(obs, served)]))  # fmt: skip
+        if fid.jct_err > self.cfg.fidelity_max_jct_err:
+            report.decision = UNRELIABLE
+            report.reason = (
+                f"replay fidelity: mean JCT off by {fid.jct_err:.1%} "
+                f"(limit {self.cfg.fidelity_max_jct_err:.0%})"
+            )
         return report
 
 

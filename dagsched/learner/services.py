@@ -42,7 +42,7 @@ from dagsched.learner.joining import Joined, OutcomeJoiner
 from dagsched.learner.live_ab import Action, Judge, Lease, WorkflowOutcomes, rule_from
 from dagsched.learner.online import FinetuneConfig, finetune_heads, learning_window
 from dagsched.learner.replay_feed import MessageFeed
-from dagsched.learner.replay_gate import Pair, ReplayGate, replay_verdict
+from dagsched.learner.replay_gate import Job, ReplayGate, replay_verdict
 from dagsched.learner.replay_judge import WindowReport, config_from, statistics
 from dagsched.policy.model import ActorCritic
 from dagsched.policy.scheduler import GNNScheduler
@@ -452,7 +452,7 @@ class EvaluatorService:
             canary = CanaryRule(c.min_workflows, {"sla": c.margin_sla, "speed": c.margin_speed})
             self.gate = ReplayGate.on_wire(settings, self.registry.load)
         self.judge = Judge(rule_from(self.cfg), self.cfg.guardrail_window, canary)
-        self._judging: asyncio.Task[tuple[WindowReport, Pair]] | None = None
+        self._judging: asyncio.Task[tuple[WindowReport, Job]] | None = None
         self.on_verdict = on_verdict
         self.actor = f"evaluator:{socket.gethostname()}"
         self.acted = 0
@@ -584,7 +584,7 @@ class EvaluatorService:
             if nxt is not None:
                 obs, pair, judge = nxt
 
-                async def judged() -> tuple[WindowReport, Pair]:
+                async def judged() -> tuple[WindowReport, Job]:
                     return await asyncio.to_thread(gate.judge_window, obs, pair, judge), pair
 
                 self._judging = asyncio.create_task(judged())
@@ -595,7 +595,7 @@ class EvaluatorService:
         v = self.gate.promotion(self.judge.canary) if self.gate is not None else None
         return ("promote", v) if v is not None else None
 
-    def _log_window(self, report: WindowReport, pair: Pair) -> None:
+    def _log_window(self, report: WindowReport, pair: Job) -> None:
         log.info(
             "evaluator.replay_window",
             champion=pair[0],
@@ -605,6 +605,7 @@ class EvaluatorService:
             reason=report.reason,
             jct_err=round(report.fidelity.jct_err, 4),
             sla_err=round(report.fidelity.sla_err, 4),
+            own_jct_err=round(report.own_fidelity.jct_err, 4) if report.own_fidelity else None,
         )
 
     def _act(self, action: str, verdict: Any) -> None:

@@ -338,8 +338,9 @@ class SimLoop:
             self._replay_step(now)
 
     def _replay_step(self, now: float) -> None:
-        """Judge every window closed for the pair under test, and act as the evaluator does:
-        retire on the replay's word, promote on its win once the canary is clean."""
+        """Judge every window closed for the pair under test (measure the others' fidelity),
+        and act as the evaluator does: retire on the replay's word, promote on its win once
+        the canary is clean."""
         gate = self.gate
         assert gate is not None
         gate.versions(self.champion, self.challenger)
@@ -352,6 +353,7 @@ class SimLoop:
                 "decision": report.decision, "reason": report.reason,
                 "jct_err": f.jct_err, "sla_err": f.sla_err,
                 "observed_jct_s": f.observed_jct_s, "predicted_jct_s": f.predicted_jct_s,
+                "own_jct_err": report.own_fidelity.jct_err if report.own_fidelity else None,
                 "gain": report.gain,
             })  # fmt: skip
             if gate.take(report, pair) == "retire":

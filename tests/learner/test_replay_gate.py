@@ -17,7 +17,7 @@ from dagsched.core.workflow import Workflow
 from dagsched.learner.live_ab import Sample
 from dagsched.learner.replay_feed import MessageFeed, record_run
 from dagsched.learner.replay_gate import ReplayGate
-from dagsched.learner.replay_judge import TrafficRecorder
+from dagsched.learner.replay_judge import MEASURED, TrafficRecorder
 from dagsched.schemas.messages import (
     NodeHeartbeatMsg,
     TaskFailedMsg,
@@ -130,6 +130,8 @@ def _windows(gate: ReplayGate[MessageFeed], n: int) -> None:
     gate.recent.extend(wins)  # as `next_window` keeps closed windows
     if gate.pair is not None:
         gate.waiting.extend(wins)
+    else:
+        gate.unjudged.extend(w for w in wins if not w.elsewhere)
 
 
 def test_windows_are_judged_for_the_pair_under_test_only() -> None:
@@ -138,7 +140,10 @@ def test_windows_are_judged_for_the_pair_under_test_only() -> None:
     _windows(gate, 40)
     assert gate.next_window() is None  # no challenger: nothing to judge
     gate.versions("v1", "v2")
-    assert gate.next_window() is None  # nor traffic that arrived before the pair
+    # nor traffic that arrived before the pair: the champion served it, it is only measured
+    while (early := gate.next_window()) is not None:
+        assert early[1] == ("v1", None)
+        gate.unjudged.clear()
     _windows(gate, 40)
     nxt = gate.next_window()
     assert nxt is not None
@@ -188,20 +193,50 @@ def test_a_pair_is_judged_only_on_windows_that_arrived_after_it() -> None:
     gate = _gate([])
     wfs = list(stream_workflows(gate.base, 4, 120))
 
+    measured: list[int] = []
+
     def feed(batch: Sequence[Workflow]) -> list[int]:
+        """The windows judged for a pair (those measured for fidelity only: `measured`)."""
         for wf in batch:
             gate.recorder.workflow(wf)
             gate.recorder.ended(wf.id, 10.0, True)
         got = []
         while (nxt := gate.next_window()) is not None:
-            got.append(nxt[0].index)
+            (measured if nxt[1][1] is None else got).append(nxt[0].index)
         return got
 
     assert feed(wfs[:50]) == [] and gate.skipped == 2  # windows 0 and 1: no pair
+    assert measured == []  # nor a champion to measure them for
     gate.versions("v1", "v2")  # mid window 2: the challenger may have been fitted to it
     assert feed(wfs[50:70]) == [] and gate.skipped == 3  # window 2 closed, but began before
+    assert measured == [1, 2]  # the champion served them alone: fidelity only (the newest)
     assert feed(wfs[70:100]) == [3, 4]  # windows that arrived after the pair was set
     gate.versions("v1", "v3")  # exactly between windows: the next one is fresh
     assert feed(wfs[100:120]) == [5] and gate.skipped == 3
     gate.versions(None, None)
-    assert gate.next_window() is None and not gate.waiting
+    assert gate.next_window() is None and not gate.waiting and measured == [1, 2]
+
+
+def test_a_window_no_pair_is_judged_on_is_measured_and_pooled_with_the_next_pairs() -> None:
+    """Fidelity is the replay's: the champion's windows before a challenger came are
+    replayed for fidelity only, and a new pair's first window is pooled with them."""
+    loaded: list[str] = []
+    gate = _gate(loaded)
+    gate.versions("v1", None)  # a champion, no challenger
+    _windows(gate, 40)
+    nxt = gate.next_window()
+    assert nxt is not None
+    obs, job, judge = nxt
+    assert job == ("v1", None)
+    report = gate.judge_window(obs, job, judge)
+    assert loaded == ["1"] and report.decision == MEASURED and not report.diffs
+    assert gate.take(report, job) is None and not gate.reports  # no test to feed
+    gate.versions("v1", "v2")
+    _windows(gate, 40)
+    nxt = gate.next_window()
+    assert nxt is not None
+    obs, pair, judge = nxt
+    report = gate.judge_window(obs, pair, judge)
+    assert report.own_fidelity is not None and len(report.diffs) == 2
+    # pooled with the measured window: not this window's alone
+    assert report.fidelity != report.own_fidelity

@@ -12,6 +12,7 @@ from dagsched.core.history import FamilyStats, History, Measured
 from dagsched.core.workflow import TaskSpec, Workflow
 from dagsched.learner.replay_feed import record_run
 from dagsched.learner.replay_judge import (
+    MEASURED,
     RECENT_OOM_RETRIES,
     UNRELIABLE,
     ObservedWindow,
@@ -420,6 +421,18 @@ def test_poor_fidelity_is_refused() -> None:
     rep = ReplayJudge(cfg, sc).judge(wins[0], heft, heft)
     assert rep.decision == UNRELIABLE and "fidelity" in rep.reason and not rep.diffs
     assert rep.fidelity.jct_err > 0
+
+
+def test_a_window_measured_for_fidelity_only_is_refused_as_any_other() -> None:
+    wins, sc = _recorded(20, 0)
+    heft = lambda s: make_policy("heft_history", s)  # noqa: E731
+    cfg = ReplayJudgeConfig(window_workflows=20, warmup_workflows=0, replays=2)
+    ok = ReplayJudge(replace(cfg, fidelity_max_jct_err=10.0), sc).measure(wins[0], heft)
+    assert ok.decision == MEASURED and not ok.diffs and len(ok.champion) == 2
+    bad = ReplayJudge(replace(cfg, fidelity_max_jct_err=1e-6), sc).measure(wins[0], heft)
+    assert bad.decision == UNRELIABLE and "fidelity" in bad.reason
+    with pytest.raises(ValueError, match="shared"):  # replayed as served, not alone
+        ReplayJudge(cfg, sc).measure(replace(wins[0], elsewhere=frozenset(wins[0].jct_s)), heft)
 
 
 def test_fidelity_counts_only_what_the_serving_version_served() -> None:
