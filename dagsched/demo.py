@@ -31,6 +31,7 @@ import structlog
 from dagsched.daemon.broker import embedded_broker
 from dagsched.daemon.replay import Replay, ReplayConfig, WorkflowOutcome
 from dagsched.daemon.service import Daemon
+from dagsched.learner.replay_judge import WindowReport
 from dagsched.learner.services import EvaluatorService, LearnerService
 from dagsched.policy.bundle import load_bundle
 from dagsched.registry.promotion import audit_trail
@@ -205,20 +206,26 @@ async def run_demo(
 
 
 def replay_windows(evaluator: EvaluatorService) -> list[dict[str, Any]]:
-    """The replay judge's windows, as the evaluator judged them."""
-    if evaluator.gate is None:
+    """The replay judge's windows, as the evaluator judged them (or measured them for
+    fidelity only, with no challenger), by window."""
+    gate = evaluator.gate
+    if gate is None:
         return []
+    got: list[tuple[str, str | None, WindowReport]] = [
+        *((champion, None, r) for champion, r in gate.measured),
+        *((pair[0], pair[1], r) for pair, r in gate.reports),
+    ]
     return [
         {
-            "champion": pair[0],
-            "challenger": pair[1],
+            "champion": champion,
+            "challenger": challenger,
             "window": r.window,
             "decision": r.decision,
             "reason": r.reason,
             "jct_err": r.fidelity.jct_err,
             "jct_gain": float(np.mean([d["jct"] for d in r.diffs])) if r.diffs else None,
         }
-        for pair, r in evaluator.gate.reports
+        for champion, challenger, r in sorted(got, key=lambda x: x[2].window)
     ]
 
 

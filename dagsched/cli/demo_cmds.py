@@ -104,7 +104,8 @@ def tell(doc: dict[str, Any], context: list[dict[str, Any]]) -> None:
     if doc["settings"].get("judge") == "replay":
         console.print(
             "[bold]4. Verdicts[/bold]: the replay judge replays each closed window for the"
-            " champion and the challenger; the challenger's live slice is a canary."
+            " champion and the challenger (before a challenger, the champion alone: how"
+            " faithful the replay is); the challenger's live slice is a canary."
         )
         for w in doc["replay_windows"]:
             why = w["reason"]
@@ -112,10 +113,12 @@ def tell(doc: dict[str, Any], context: list[dict[str, Any]]) -> None:
                 why += f"; fidelity error {w['jct_err']:.0%}"
             if w["jct_gain"] is not None:
                 why += f", JCT {w['jct_gain']:+.1%}"
-            console.print(
-                f"   window {w['window']}: {w['challenger']} vs {w['champion']}: {w['decision']}"
-                f" ({why})"
+            who = (
+                f"{w['challenger']} vs {w['champion']}"
+                if w["challenger"] is not None
+                else f"{w['champion']} alone"
             )
+            console.print(f"   window {w['window']}: {who}: {w['decision']} ({why})")
         if not doc["replay_windows"] and not doc["verdicts"]:
             console.print("   none: no window closed while a challenger was under test.")
     else:

@@ -92,6 +92,8 @@ class ReplayGate(Generic[F]):
         self.unjudged: deque[ObservedWindow] = deque(maxlen=MAX_WAITING)
         self.recent: deque[ObservedWindow] = deque(maxlen=MAX_WAITING)  # whatever the pair
         self.reports: deque[tuple[Pair, WindowReport]] = deque(maxlen=1000)
+        # (champion, report) of the windows replayed for fidelity only
+        self.measured: deque[tuple[str, WindowReport]] = deque(maxlen=1000)
         self.skipped = 0  # closed windows not judged: no pair, not fresh, or judging fell behind
         self.fresh_from = 0  # the first window the pair under test may be judged on
         self._schedulers: dict[str, Scheduler] = {}
@@ -161,8 +163,11 @@ class ReplayGate(Generic[F]):
 
     def take(self, report: WindowReport, pair: Job) -> str | None:
         """A judged window's report: "retire" when the replay says so, None otherwise (a win
-        is kept in `won` until the canary is clean). Reports of an old pair, and of windows
-        measured for fidelity only, are dropped."""
+        is kept in `won` until the canary is clean). Reports of an old pair are dropped;
+        those of windows measured for fidelity only are kept in `measured`."""
+        if pair[1] is None:
+            self.measured.append((pair[0], report))
+            return None
         if pair != self.pair:
             return None
         self.reports.append((pair, report))

@@ -231,6 +231,7 @@ def test_a_window_no_pair_is_judged_on_is_measured_and_pooled_with_the_next_pair
     report = gate.judge_window(obs, job, judge)
     assert loaded == ["1"] and report.decision == MEASURED and not report.diffs
     assert gate.take(report, job) is None and not gate.reports  # no test to feed
+    assert list(gate.measured) == [("v1", report)]
     gate.versions("v1", "v2")
     _windows(gate, 40)
     nxt = gate.next_window()
