@@ -136,9 +136,14 @@ def play_loop(
             bar.write(f"{desc}: workflow {ended}: {e.kind} {e.version} {note}".rstrip())
         for w in loop.windows[told[1] :]:
             gain = w["gain"].get("jct")
+            who = (
+                f"{w['challenger']} vs {w['champion']}"
+                if w["challenger"] is not None
+                else f"{w['champion']} alone"
+            )
             bar.write(
-                f"{desc}: workflow {ended}: window {w['window']} {w['challenger']} vs "
-                f"{w['champion']}: {w['decision']}, fidelity {w['jct_err']:.1%}"
+                f"{desc}: workflow {ended}: window {w['window']} {who}: {w['decision']}, "
+                f"fidelity {w['jct_err']:.1%}"
                 + ("" if gain is None else f", replayed JCT {gain:+.1%}")
             )
         told[:] = [len(loop.events), len(loop.windows)]
