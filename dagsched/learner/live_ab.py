@@ -56,6 +56,10 @@ def workflow_speed(jct_s: float, deadline_s: float, failed: bool) -> float:
     return -math.log(ratio)
 
 
+# the arms no test counts: the daemon's fallback heuristic, the exploration slice's sampling
+UNJUDGED_ARMS = ("fallback", "explore")
+
+
 @dataclass
 class _Tally:
     arm: str
@@ -80,6 +84,12 @@ class Sample:
     covariates: tuple[float, ...] | None = None  # adjustment.covariates, for the test
     jct_s: float = 0.0  # from arrival to its last task's end (or to the failure that ended it)
 
+    @property
+    def judged(self) -> bool:
+        """Whether the A/B test and the guardrail count it: not a workflow of the fallback
+        (the daemon's heuristic) or of the exploration slice (sampled actions)."""
+        return self.arm not in UNJUDGED_ARMS
+
 
 class WorkflowOutcomes:
     """Turns joined attempts into one `Sample` per finished workflow."""
@@ -94,7 +104,7 @@ class WorkflowOutcomes:
     def note(self, msg: DecisionBatchMsg) -> None:
         """A logged batch: the covariates of the workflows it placed first (decoding its view
         once, only when it holds such a workflow)."""
-        if msg.view is None or msg.arm in ("fallback", "explore"):  # never judged
+        if msg.view is None or msg.arm in UNJUDGED_ARMS:
             return
         new = {t.workflow_id for t in msg.tasks if t.new and t.attempt == 0}
         new -= self.congestion.keys()
@@ -110,8 +120,10 @@ class WorkflowOutcomes:
             del self.congestion[next(iter(self.congestion))]
 
     def add(self, j: Joined) -> Sample | None:
+        """The workflow's sample once `j` ends it (a fallback or exploration workflow's too,
+        for the replay judge's recorder: `Sample.judged` says whether a test may count it)."""
         info = self.joiner.workflows.get(j.workflow_id)
-        if info is None or j.arm in ("fallback", "explore"):  # explore: sampled, never judged
+        if info is None:
             return None
         t = self.tallies.setdefault(j.workflow_id, _Tally(j.arm, j.version))
         t.rewards.append(j.reward)

@@ -529,9 +529,11 @@ class EvaluatorService:
                     sample = self.outcomes.add(j)
                     if sample is None:
                         continue
-                    self.samples += 1
-                    if gate is not None:
+                    if gate is not None:  # whoever served it: its window closes on its end
                         gate.ended(sample)
+                    if not sample.judged:
+                        continue
+                    self.samples += 1
                     await self._act_holding(lease, self.judge.add(sample))
                 if gate is not None:
                     await self._act_holding(lease, self._replay_step(gate))

@@ -51,9 +51,15 @@ def test_a_workflow_is_one_sample_when_all_tasks_finish_or_one_fails_for_good() 
     s = outcomes.add(_joined("wf-2", 0, 9, failed=True, attempt=2))
     assert s is not None and s.sla == 0.0 and s.reward == -0.5
     assert s.speed == pytest.approx(-math.log(2))  # failed early: counted as 2 deadlines
-    # the exploration slice is sampled, for the learner: never a sample for the A/B test
-    explored = [replace(_joined("wf-1", t, 10), arm="explore") for t in (0, 1)]
-    assert [outcomes.add(j) for j in explored] == [None, None]
+    # the exploration slice is sampled, for the learner: its workflow ends (the replay
+    # judge's recorder closes windows on it) but no test may count it
+    joiner.add(WorkflowMsg(workflow_id="wf-3", tasks=[spec, spec], edges=[(0, 1)],
+                           deadline_s=50), now=0)  # fmt: skip
+    explored = [replace(_joined("wf-3", t, 10), arm="explore") for t in (0, 1)]
+    assert outcomes.add(explored[0]) is None
+    s = outcomes.add(explored[1])
+    assert s is not None and s.arm == "explore" and not s.judged
+    assert (s.sla, s.jct_s) == (1.0, 10.0)
 
 
 def test_a_workflow_takes_its_covariates_from_the_batch_that_placed_its_first_task() -> None:
