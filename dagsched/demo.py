@@ -212,7 +212,7 @@ def replay_windows(evaluator: EvaluatorService) -> list[dict[str, Any]]:
     if gate is None:
         return []
     got: list[tuple[str, str | None, WindowReport]] = [
-        *((champion, None, r) for champion, r in gate.measured),
+        *((job.champion, job.challenger, r) for job, r in gate.measured),
         *((pair[0], pair[1], r) for pair, r in gate.reports),
     ]
     return [

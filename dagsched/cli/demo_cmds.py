@@ -114,9 +114,11 @@ def tell(doc: dict[str, Any], context: list[dict[str, Any]]) -> None:
             if w["jct_gain"] is not None:
                 why += f", JCT {w['jct_gain']:+.1%}"
             who = (
-                f"{w['challenger']} vs {w['champion']}"
-                if w["challenger"] is not None
-                else f"{w['champion']} alone"
+                f"{w['champion']} alone"
+                if w["challenger"] is None
+                else f"{w['champion']} with {w['challenger']} on its slice"
+                if w["decision"] == "measured"
+                else f"{w['challenger']} vs {w['champion']}"
             )
             console.print(f"   window {w['window']}: {who}: {w['decision']} ({why})")
         if not doc["replay_windows"] and not doc["verdicts"]:

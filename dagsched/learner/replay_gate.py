@@ -9,10 +9,12 @@ report back to `take`. Each pair gets its own `ReplayJudge`, so a report judged 
 that has since changed is dropped, never counted in the new pair's test. Fidelity is pooled
 across pairs (`FidelityPool`): it is the replay's, whichever pair a window was judged for.
 
-A closed window no pair is judged on, that the champion served alone, is replayed for
-fidelity only (`next_window` gives it with no challenger, `judge_window` measures it): the
-fidelity is known before a challenger comes, and a new challenger's first windows are
-pooled with the windows before them instead of measured alone.
+A closed window no pair is judged on is replayed as it was served, for fidelity only
+(`next_window` gives it as a `Job` that is not `judged`, `judge_window` measures it): one
+the champion served alone, or one that began before the challenger under test came (its
+workflows that another version served are played by that challenger). The fidelity is
+known before a challenger comes, and a new challenger's first windows are pooled with the
+windows before them instead of measured alone.
 
 A pair is judged only on fresh windows: those whose every workflow arrived after the pair
 was set. A challenger is fitted to the traffic it was trained or searched on, so replaying it
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, NamedTuple, Protocol, TypeVar
 
 from dagsched.core.history import FamilyStats
 from dagsched.core.scheduler import Scheduler
@@ -48,9 +50,17 @@ from dagsched.sim.replay_world import PolicyFactory
 from dagsched.sim.snapshot import SchedulerPolicy
 
 Pair = tuple[str, str]  # (champion, challenger) version ids, "v3"
-# what a closed window is replayed for: the pair under test, or (champion, None) for
-# fidelity only
-Job = tuple[str, str | None]
+
+
+class Job(NamedTuple):
+    """What a closed window is replayed for: judged for the pair under test, or measured
+    for fidelity only (as served: by the champion, and by `challenger` on its slice)."""
+
+    champion: str
+    challenger: str | None
+    judged: bool = True
+
+
 # closed windows waiting to be judged: when judging falls behind traffic, the newest are kept
 MAX_WAITING = 2
 
@@ -88,12 +98,12 @@ class ReplayGate(Generic[F]):
         self.judge = ReplayJudge(cfg, base, self.fidelity)
         self.won: WindowReport | None = None  # the pair's replay win, waiting for the canary
         self.waiting: deque[ObservedWindow] = deque(maxlen=MAX_WAITING)
-        # closed windows no pair is judged on, served by the champion alone: fidelity only
-        self.unjudged: deque[ObservedWindow] = deque(maxlen=MAX_WAITING)
+        # closed windows no pair is judged on, to measure: fidelity only
+        self.unjudged: deque[tuple[ObservedWindow, Job]] = deque(maxlen=MAX_WAITING)
         self.recent: deque[ObservedWindow] = deque(maxlen=MAX_WAITING)  # whatever the pair
         self.reports: deque[tuple[Pair, WindowReport]] = deque(maxlen=1000)
-        # (champion, report) of the windows replayed for fidelity only
-        self.measured: deque[tuple[str, WindowReport]] = deque(maxlen=1000)
+        # the windows replayed for fidelity only, with what they were replayed as
+        self.measured: deque[tuple[Job, WindowReport]] = deque(maxlen=1000)
         self.skipped = 0  # closed windows not judged: no pair, not fresh, or judging fell behind
         self.fresh_from = 0  # the first window the pair under test may be judged on
         self._schedulers: dict[str, Scheduler] = {}
@@ -133,44 +143,51 @@ class ReplayGate(Generic[F]):
     # -- judging ------------------------------------------------------------------------------
 
     def next_window(self) -> tuple[ObservedWindow, Job, ReplayJudge] | None:
-        """The next closed window to replay, if any: for the pair under test, else (champion,
-        None) for fidelity only. Judging comes first; a window no pair is judged on is
-        measured when the champion served it alone."""
+        """The next closed window to replay, if any: judged for the pair under test, else
+        measured for fidelity only. Judging comes first. A window no pair is judged on is
+        measured as it was served: by the champion alone, or, while a pair is under test,
+        with its challenger on the workflows another version served (a window that began
+        before the challenger came); one another, retired version shared is not."""
         closed = self.recorder.ready(self.feed.families()) if self.recorder.closable() else []
         for w in closed:
             self.recent.append(w)
             if self.pair is None or w.index < self.fresh_from:
                 self.skipped += 1
-                if not w.elsewhere:
-                    self.unjudged.append(w)
+                if self.pair is not None:
+                    self.unjudged.append((w, Job(*self.pair, judged=False)))
+                elif self.champion is not None and not w.elsewhere:
+                    self.unjudged.append((w, Job(self.champion, None, judged=False)))
                 continue
             if len(self.waiting) == self.waiting.maxlen:
                 self.skipped += 1
             self.waiting.append(w)
         if self.pair is not None and self.waiting:
-            return self.waiting.popleft(), self.pair, self.judge
-        if self.champion is not None and self.unjudged:
-            return self.unjudged.popleft(), (self.champion, None), self.judge
+            return self.waiting.popleft(), Job(*self.pair), self.judge
+        if self.unjudged:
+            w, job = self.unjudged.popleft()
+            return w, job, self.judge
         return None
 
     def judge_window(self, obs: ObservedWindow, job: Job, judge: ReplayJudge) -> WindowReport:
-        """Replay `obs` for both versions of the pair `job`, or for its champion alone when
-        it names no challenger (blocking: run it in a worker thread)."""
-        champion, challenger = job
-        if challenger is None:
-            return judge.measure(obs, self._policy(champion))
-        return judge.judge(obs, self._policy(champion), self._policy(challenger))
+        """Replay `obs` for both versions of `job`'s pair, or as served for fidelity only
+        when `job` is not judged (blocking: run it in a worker thread)."""
+        champion = self._policy(job.champion)
+        other = self._policy(job.challenger) if job.challenger is not None else None
+        if not job.judged:
+            return judge.measure(obs, champion, other)
+        assert other is not None
+        return judge.judge(obs, champion, other)
 
     def take(self, report: WindowReport, pair: Job) -> str | None:
         """A judged window's report: "retire" when the replay says so, None otherwise (a win
         is kept in `won` until the canary is clean). Reports of an old pair are dropped;
         those of windows measured for fidelity only are kept in `measured`."""
-        if pair[1] is None:
-            self.measured.append((pair[0], report))
+        if not pair.judged:
+            self.measured.append((pair, report))
             return None
-        if pair != self.pair:
+        if self.pair is None or (pair.champion, pair.challenger) != self.pair:
             return None
-        self.reports.append((pair, report))
+        self.reports.append((self.pair, report))
         if report.decision == "retire":
             return "retire"
         if report.decision == "promote":

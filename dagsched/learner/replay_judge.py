@@ -715,16 +715,21 @@ class ReplayJudge:
         self.reports.append(report)
         return report
 
-    def measure(self, obs: ObservedWindow, champion: PolicyFactory) -> WindowReport:
-        """Replay `obs`, served by the champion alone, for fidelity only (no challenger is
-        under test): `MEASURED`, or `UNRELIABLE` while the pooled fidelity is off."""
-        if obs.elsewhere:
+    def measure(
+        self, obs: ObservedWindow, champion: PolicyFactory, other: PolicyFactory | None = None
+    ) -> WindowReport:
+        """Replay `obs` as it was served, for fidelity only (no test is fed): by the
+        champion, and by `other` on the workflows another version served (`elsewhere`: a
+        window that began before the challenger under test came). `MEASURED`, or
+        `UNRELIABLE` while the pooled fidelity is off."""
+        if obs.elsewhere and other is None:
             raise ValueError("a window another version shared is measured as it was served")
+        policy = as_served(champion, other, obs.elsewhere) if other is not None else champion
         n = self.cfg.fidelity_replays
-        base = self.replay(obs.world(self.base), champion, obs.index, n)
-        report = self._measured(obs, base, base)
+        served = self.replay(obs.world(self.base), policy, obs.index, n)
+        report = self._measured(obs, served, served if other is None else [])
         if report.decision != UNRELIABLE:
-            report.decision, report.reason = MEASURED, "fidelity only: no challenger under test"
+            report.decision, report.reason = MEASURED, "fidelity only: no test judges it"
         self.reports.append(report)
         return report
 

@@ -16,8 +16,8 @@ from dagsched.core.view import ClusterView, TaskView
 from dagsched.core.workflow import Workflow
 from dagsched.learner.live_ab import Sample
 from dagsched.learner.replay_feed import MessageFeed, record_run
-from dagsched.learner.replay_gate import ReplayGate
-from dagsched.learner.replay_judge import MEASURED, TrafficRecorder
+from dagsched.learner.replay_gate import Job, ReplayGate
+from dagsched.learner.replay_judge import MEASURED, ReplayJudge, TrafficRecorder
 from dagsched.schemas.messages import (
     NodeHeartbeatMsg,
     TaskFailedMsg,
@@ -29,6 +29,7 @@ from dagsched.schemas.messages import (
 from dagsched.settings import load_settings
 from dagsched.sim.engine import Simulator
 from dagsched.sim.runner import make_policy, stream_workflows
+from dagsched.sim.snapshot import SchedulerPolicy
 
 SPEED = {"cpu": {"cpu": 1.5, "io": 0.8, "gpu": 0.25, "mem": 1.0}}
 
@@ -130,8 +131,8 @@ def _windows(gate: ReplayGate[MessageFeed], n: int) -> None:
     gate.recent.extend(wins)  # as `next_window` keeps closed windows
     if gate.pair is not None:
         gate.waiting.extend(wins)
-    else:
-        gate.unjudged.extend(w for w in wins if not w.elsewhere)
+    elif gate.champion is not None:
+        gate.unjudged.extend((w, Job(gate.champion, None, judged=False)) for w in wins)
 
 
 def test_windows_are_judged_for_the_pair_under_test_only() -> None:
@@ -142,7 +143,7 @@ def test_windows_are_judged_for_the_pair_under_test_only() -> None:
     gate.versions("v1", "v2")
     # nor traffic that arrived before the pair: the champion served it, it is only measured
     while (early := gate.next_window()) is not None:
-        assert early[1] == ("v1", None)
+        assert not early[1].judged
         gate.unjudged.clear()
     _windows(gate, 40)
     nxt = gate.next_window()
@@ -202,19 +203,19 @@ def test_a_pair_is_judged_only_on_windows_that_arrived_after_it() -> None:
             gate.recorder.ended(wf.id, 10.0, True)
         got = []
         while (nxt := gate.next_window()) is not None:
-            (measured if nxt[1][1] is None else got).append(nxt[0].index)
+            (got if nxt[1].judged else measured).append(nxt[0].index)
         return got
 
     assert feed(wfs[:50]) == [] and gate.skipped == 2  # windows 0 and 1: no pair
     assert measured == []  # nor a champion to measure them for
     gate.versions("v1", "v2")  # mid window 2: the challenger may have been fitted to it
     assert feed(wfs[50:70]) == [] and gate.skipped == 3  # window 2 closed, but began before
-    assert measured == [1, 2]  # the champion served them alone: fidelity only (the newest)
+    assert measured == [2]  # replayed as served, for fidelity only
     assert feed(wfs[70:100]) == [3, 4]  # windows that arrived after the pair was set
     gate.versions("v1", "v3")  # exactly between windows: the next one is fresh
     assert feed(wfs[100:120]) == [5] and gate.skipped == 3
     gate.versions(None, None)
-    assert gate.next_window() is None and not gate.waiting and measured == [1, 2]
+    assert gate.next_window() is None and not gate.waiting and measured == [2]
 
 
 def test_a_window_no_pair_is_judged_on_is_measured_and_pooled_with_the_next_pairs() -> None:
@@ -227,11 +228,11 @@ def test_a_window_no_pair_is_judged_on_is_measured_and_pooled_with_the_next_pair
     nxt = gate.next_window()
     assert nxt is not None
     obs, job, judge = nxt
-    assert job == ("v1", None)
+    assert job == Job("v1", None, judged=False)
     report = gate.judge_window(obs, job, judge)
     assert loaded == ["1"] and report.decision == MEASURED and not report.diffs
     assert gate.take(report, job) is None and not gate.reports  # no test to feed
-    assert list(gate.measured) == [("v1", report)]
+    assert list(gate.measured) == [(job, report)]
     gate.versions("v1", "v2")
     _windows(gate, 40)
     nxt = gate.next_window()
@@ -241,3 +242,27 @@ def test_a_window_no_pair_is_judged_on_is_measured_and_pooled_with_the_next_pair
     assert report.own_fidelity is not None and len(report.diffs) == 2
     # pooled with the measured window: not this window's alone
     assert report.fidelity != report.own_fidelity
+
+
+def test_a_window_that_began_before_the_challenger_is_measured_as_it_was_served() -> None:
+    """Its workflows the challenger's slice served are played by the challenger."""
+    loaded: list[str] = []
+    gate = _gate(loaded)
+    gate.versions("v1", "v2")
+    sc = gate.base
+    wins = record_run(
+        lambda wfs, hook: Simulator(sc, wfs, seed=4, on_outcome=hook),
+        make_policy("heft_history_srpt", 4), gate.recorder, stream_workflows(sc, 4, 40),
+        served=lambda wid: int(wid.rsplit("-", 1)[1]) % 3 != 0,  # a third on the slice
+    )  # fmt: skip
+    assert wins[0].elsewhere
+    job = Job("v1", "v2", judged=False)
+    report = gate.judge_window(wins[0], job, gate.judge)
+    assert sorted(loaded) == ["1", "2"] and report.decision == MEASURED and not report.diffs
+    assert gate.take(report, job) is None and not gate.reports
+    # the slice's workflows were played by the (throttled) challenger: the champion's
+    # workflows are predicted otherwise than with the champion on the slice too
+    heft = lambda _s: SchedulerPolicy(HeftHistory("srpt"))  # noqa: E731
+    same = ReplayJudge(gate.cfg, sc).measure(wins[0], heft, heft)
+    assert report.own_fidelity is not None and same.own_fidelity is not None
+    assert report.own_fidelity.predicted_jct_s != same.own_fidelity.predicted_jct_s
