@@ -34,7 +34,9 @@ def summarize_arm(
 ) -> dict[str, Any]:
     """Before/after the shift (by arrival) and per bucket of `width` arrivals, seeds pooled.
     `runs` are in the order of `shift_at`'s seeds (a run may start at any seed)."""
-    before, after, buckets = [], [], {}
+    before: list[WorkflowResult] = []
+    after: list[WorkflowResult] = []
+    buckets: dict[int, list[WorkflowResult]] = {}
     for seed, res in zip(shift_at, runs, strict=True):
         for i, w in enumerate(res):
             (after if w.arrival_s >= shift_at[seed] else before).append(w)
