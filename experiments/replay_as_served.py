@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +34,10 @@ from dagsched.learner.replay_judge import (
 )
 from dagsched.learner.variants import ShiftedReservation
 from dagsched.policy.bundle import load_bundle
+from dagsched.policy.scheduler import GNNScheduler
 from dagsched.schemas.ab import workflow_bucket
-from dagsched.settings import load_settings
+from dagsched.settings import Settings, load_settings
+from dagsched.sim.config import ScenarioConfig
 from dagsched.sim.engine import Simulator
 from dagsched.sim.replay_world import AsServed
 from dagsched.sim.runs import Decision, Policy, TaskRun
@@ -61,11 +63,51 @@ class LoopSlice(AsServed):
         return super().decide(sim, ready)
 
 
-def loop_slice(arrivals: list[Workflow]) -> tuple[frozenset[str], float]:
-    """The workflows of the loop's challenger slice, and when it began to serve them."""
-    from_s = arrivals[SLICE_FROM].arrival_s
-    slice_ = frozenset(w.id for w in arrivals if workflow_bucket(w.id) < SHARE)
-    return slice_, from_s
+@dataclass
+class LoopRun:
+    """Seed 1 of `shift` (2,000 workflows, the shift at 10% of them) as the loop first
+    served it: its first `workflows` arrivals, the frozen champion, and the challenger the
+    loop's first search found (memory -0.2 logit) on the loop's 30% slice from `from_s`."""
+
+    settings: Settings
+    scenario: ScenarioConfig
+    champion: GNNScheduler
+    challenger: ShiftedReservation
+    arrivals: list[Workflow]
+    slice: frozenset[str]  # the slice's workflows (`workflow_bucket`), whenever they came
+    from_s: float  # when the slice began to be served: arrival `SLICE_FROM`
+
+    @staticmethod
+    def of(workflows: int) -> LoopRun:
+        s = load_settings(profile="shift")
+        assert s.sim.shift is not None
+        base = replace(s.sim, workload=replace(s.sim.workload, workflows=2000), shift=None)
+        sc = replace(base, shift=replace(s.sim.shift, at_s=shift_time(base, SEED, 2000, 0.1)))
+        champion = load_bundle(CHAMPION, "v1")
+        every = list(workload(sc, SEED, 2000))
+        arrivals = every[:workflows]
+        return LoopRun(
+            s, sc, champion, ShiftedReservation(champion, "mem", -0.2, "mem"), arrivals,
+            frozenset(w.id for w in arrivals if workflow_bucket(w.id) < SHARE),
+            every[SLICE_FROM].arrival_s,
+        )  # fmt: skip
+
+    @property
+    def others(self) -> frozenset[str]:
+        """What the loop's recorder marks as served elsewhere: the slice's workflows that
+        arrived once it was served (their first decision was the challenger's)."""
+        return frozenset(w.id for w in self.arrivals if w.id in self.slice
+                         and w.arrival_s >= self.from_s)  # fmt: skip
+
+    def served(self, from_s: float | None = None) -> LoopSlice:
+        """The run's policy, the slice served from `from_s` (default: as the loop did)."""
+        return LoopSlice(SchedulerPolicy(self.champion), SchedulerPolicy(self.challenger),
+                         self.slice, self.from_s if from_s is None else from_s)  # fmt: skip
+
+    def as_recorded(self) -> AsServed:
+        """The run as the judge replays it: the challenger on `others`."""
+        return AsServed(SchedulerPolicy(self.champion), SchedulerPolicy(self.challenger),
+                        self.others)  # fmt: skip
 
 
 def main() -> None:
@@ -77,28 +119,19 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("experiments/results/replay_as_served.json"))
     args = ap.parse_args()
     torch.set_num_threads(1)
-    s = load_settings(profile="shift")
-    assert s.sim.shift is not None
-    base = replace(s.sim, workload=replace(s.sim.workload, workflows=2000), shift=None)
-    sc = replace(base, shift=replace(s.sim.shift, at_s=shift_time(base, SEED, 2000, 0.1)))
+    run = LoopRun.of(args.workflows)
+    sc, others = run.scenario, run.others
     cfg = replace(
-        config_from(s.evaluator.replay),
+        config_from(run.settings.evaluator.replay),
         carry_in_flight=True,
         replays=args.replays,
         fidelity_windows=1,  # each window on its own
     )
-    champion = load_bundle(CHAMPION, "v1")
-    challenger = ShiftedReservation(champion, "mem", -0.2, "mem")
-    arrivals = list(workload(sc, SEED, 2000))[: args.workflows]
-    slice_, from_s = loop_slice(arrivals)
-    # what the loop's recorder marks as served elsewhere: the slice's workflows it first
-    # decided with the challenger
-    others = frozenset(w.id for w in arrivals if w.id in slice_ and w.arrival_s >= from_s)
     closed = record_run(
         lambda arrivals, hook: Simulator(sc, arrivals, seed=SEED, on_outcome=hook),
-        LoopSlice(SchedulerPolicy(champion), SchedulerPolicy(challenger), slice_, from_s),
+        run.served(),
         TrafficRecorder.of(cfg),
-        arrivals,
+        run.arrivals,
         served=lambda wid: wid not in others,
         as_they_close=True,  # as the loop closes them: with what is known then
     )
@@ -113,7 +146,9 @@ def main() -> None:
                                "oom_restart_s": w.oom_restart_s}  # fmt: skip
         for name, obs in (("judge", replace(w, carried=[])), ("with_carried", w)):
             report = ReplayJudge(cfg, sc).judge(
-                obs, lambda _s: SchedulerPolicy(champion), lambda _s: SchedulerPolicy(challenger)
+                obs,
+                lambda _s: SchedulerPolicy(run.champion),
+                lambda _s: SchedulerPolicy(run.challenger),
             )
             f = report.fidelity
             err = (f.predicted_jct_s - f.observed_jct_s) / f.observed_jct_s

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import sys
 from collections import defaultdict
 from dataclasses import replace
 from pathlib import Path
@@ -25,24 +24,16 @@ from typing import Any
 
 import numpy as np
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-
-from online_shift import CHAMPION, shift_time, workload
-from replay_as_served import SEED, LoopSlice, loop_slice
+from replay_as_served import SEED, LoopRun
 
 from dagsched.core.history import History, measured_ratios
 from dagsched.core.workflow import Workflow
 from dagsched.learner.replay_feed import record_run
 from dagsched.learner.replay_judge import TrafficRecorder, config_from, replay_seed
-from dagsched.learner.variants import ShiftedReservation
-from dagsched.policy.bundle import load_bundle
-from dagsched.settings import load_settings
 from dagsched.sim.engine import Simulator
 from dagsched.sim.learned_truth import LearnedTruth
-from dagsched.sim.replay_world import AsServed, ReplayResult, ReplayWorld, WorkflowEnds
+from dagsched.sim.replay_world import ReplayResult, ReplayWorld, WorkflowEnds
 from dagsched.sim.runs import FailureKind, Policy, TaskRun
-from dagsched.sim.snapshot import SchedulerPolicy
 
 
 class Counting(Simulator):
@@ -144,29 +135,16 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("experiments/results/replay_ooms.json"))
     args = ap.parse_args()
     torch.set_num_threads(1)
-    s = load_settings(profile="shift")
-    assert s.sim.shift is not None
-    base = replace(s.sim, workload=replace(s.sim.workload, workflows=2000), shift=None)
-    sc = replace(base, shift=replace(s.sim.shift, at_s=shift_time(base, SEED, 2000, 0.1)))
-    cfg = replace(config_from(s.evaluator.replay), replays=args.replays)
-    champion = load_bundle(CHAMPION, "v1")
-    challenger = ShiftedReservation(champion, "mem", -0.2, "mem")
-    arrivals = list(workload(sc, SEED, 2000))[: args.workflows]
-    slice_, from_s = loop_slice(arrivals)
-    others = frozenset(w.id for w in arrivals if w.id in slice_ and w.arrival_s >= from_s)
+    run = LoopRun.of(args.workflows)
+    sc, arrivals, others = run.scenario, run.arrivals, run.others
+    cfg = replace(config_from(run.settings.evaluator.replay), replays=args.replays)
     served: list[Counting] = []
 
     def factory(arrivals: Any, hook: Any) -> Simulator:
         served.append(Counting(sc, arrivals, seed=SEED, on_outcome=hook, keep_log=True))
         return served[-1]
 
-    def policy() -> AsServed:  # as the loop served the run
-        return LoopSlice(SchedulerPolicy(champion), SchedulerPolicy(challenger), slice_, from_s)
-
-    def as_recorded() -> AsServed:  # as the judge replays it
-        return AsServed(SchedulerPolicy(champion), SchedulerPolicy(challenger), others)
-
-    closed = record_run(factory, policy(), TrafficRecorder.of(cfg), arrivals,
+    closed = record_run(factory, run.served(), TrafficRecorder.of(cfg), arrivals,
                         served=lambda wid: wid not in others, as_they_close=True)  # fmt: skip
     real = served[0]
     ends = measured_ends(real, arrivals)
@@ -185,11 +163,13 @@ def main() -> None:
                   "slice": [i for i in ids if i in others]}  # fmt: skip
         row: dict[str, Any] = {"window": w.index}
         plays = {
-            name: [replay(world, as_recorded(), replay_seed(cfg.seed, w.index, k), truth)
+            name: [replay(world, run.as_recorded(), replay_seed(cfg.seed, w.index, k), truth)
                    for k in range(args.replays)]
             for name, truth in truths.items()
         }  # fmt: skip
         for group, members in groups.items():
+            if not members:  # no slice before it was served
+                continue
             obs = summary(real, w.jct_s, members)
             row[group] = {"observed": obs}
             print(f"window {w.index} {group} ({len(members)} workflows)")

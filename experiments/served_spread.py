@@ -16,25 +16,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-
-from online_shift import CHAMPION, shift_time, workload
-from replay_as_served import SEED, SLICE_FROM, LoopSlice, loop_slice
+from replay_as_served import SEED, SLICE_FROM, LoopRun
 from tqdm import tqdm
 
-from dagsched.learner.variants import ShiftedReservation
-from dagsched.policy.bundle import load_bundle
-from dagsched.settings import load_settings
 from dagsched.sim.engine import Simulator
 from dagsched.sim.replay_world import WorkflowEnds
-from dagsched.sim.snapshot import SchedulerPolicy
 
 WINDOW = 100
 
@@ -47,14 +38,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("experiments/results/served_spread.json"))
     args = ap.parse_args()
     torch.set_num_threads(1)
-    s = load_settings(profile="shift")
-    assert s.sim.shift is not None
-    base = replace(s.sim, workload=replace(s.sim.workload, workflows=2000), shift=None)
-    sc = replace(base, shift=replace(s.sim.shift, at_s=shift_time(base, SEED, 2000, 0.1)))
-    champion = load_bundle(CHAMPION, "v1")
-    challenger = ShiftedReservation(champion, "mem", -0.2, "mem")
-    arrivals = list(workload(sc, SEED, 2000))[: args.workflows]
-    slice_, at_s = loop_slice(arrivals)
+    run = LoopRun.of(args.workflows)
+    sc, arrivals, slice_, at_s = run.scenario, run.arrivals, run.slice, run.from_s
     offsets = [float(x) for x in args.offsets.split(",")]
     runs: list[dict[str, Any]] = []
     for off in tqdm(offsets, desc="runs", unit="run", file=sys.stderr):
@@ -62,7 +47,7 @@ def main() -> None:
         ends = WorkflowEnds(frozenset(w.id for w in arrivals))
         sim = Simulator(sc, arrivals, seed=SEED, on_outcome=ends)
         ends.sim = sim
-        sim.run(LoopSlice(SchedulerPolicy(champion), SchedulerPolicy(challenger), slice_, from_s))
+        sim.run(run.served(from_s))
         jct = ends.result.jct_s
         windows = []
         for lo in range(0, len(arrivals), WINDOW):
