@@ -178,14 +178,14 @@ class ReplayGate(Generic[F]):
         assert other is not None
         return judge.judge(obs, champion, other)
 
-    def take(self, report: WindowReport, pair: Job) -> str | None:
+    def take(self, report: WindowReport, job: Job) -> str | None:
         """A judged window's report: "retire" when the replay says so, None otherwise (a win
         is kept in `won` until the canary is clean). Reports of an old pair are dropped;
         those of windows measured for fidelity only are kept in `measured`."""
-        if not pair.judged:
-            self.measured.append((pair, report))
+        if not job.judged:
+            self.measured.append((job, report))
             return None
-        if self.pair is None or (pair.champion, pair.challenger) != self.pair:
+        if self.pair is None or (job.champion, job.challenger) != self.pair:
             return None
         self.reports.append((self.pair, report))
         if report.decision == "retire":

@@ -21,8 +21,8 @@ history, the fault rates and the OOM restart time that the events revealed.
   workflows the serving version served, pooled over the latest `fidelity_windows` windows
   by `FidelityPool`; above `fidelity_max_jct_err` the verdict is `unreliable` and nothing
   is added), then feeds the K per-replay differences to the paired mSPRT
-  (`sequential.PairedTest`). `ReplayJudge.measure` replays a window the champion served
-  alone for fidelity only, when no challenger is under test. Windows do not overlap, so
+  (`sequential.PairedTest`). `ReplayJudge.measure` replays a window no test is fed with
+  as it was served, for fidelity only. Windows do not overlap, so
   no replay is counted twice. The K replays of one window share its workflows: by default
   (`variance: replays`) the test asks what the challenger gains on the traffic seen, and
   the per-replay spread is its noise; `variance: windows` also takes the spread between
@@ -55,7 +55,7 @@ from dagsched.sim.replay_world import (
 )
 
 UNRELIABLE = "unreliable"
-# a window replayed for fidelity only: no challenger was under test for it
+# a window replayed for fidelity only: no test is fed with it
 MEASURED = "measured"
 # what the restart after an OOM kill costs is estimated from this many latest retries (a
 # shifted world's hour-long restart shows within them), against this many other attempts
@@ -702,7 +702,7 @@ class ReplayJudge:
             if obs.elsewhere
             else base
         )
-        report = self._measured(obs, served, base)
+        report = self._with_fidelity(obs, served, base)
         if report.decision == UNRELIABLE:
             self.reports.append(report)
             return report
@@ -727,13 +727,13 @@ class ReplayJudge:
         policy = as_served(champion, other, obs.elsewhere) if other is not None else champion
         n = self.cfg.fidelity_replays
         served = self.replay(obs.world(self.base), policy, obs.index, n)
-        report = self._measured(obs, served, served if other is None else [])
+        report = self._with_fidelity(obs, served, served if other is None else [])
         if report.decision != UNRELIABLE:
             report.decision, report.reason = MEASURED, "fidelity only: no test judges it"
         self.reports.append(report)
         return report
 
-    def _measured(
+    def _with_fidelity(
         self, obs: ObservedWindow, served: list[ReplayResult], champion: list[ReplayResult]
     ) -> WindowReport:
         """The window's report so far: its fidelity, pooled and its own; `UNRELIABLE` with

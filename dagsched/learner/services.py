@@ -574,20 +574,20 @@ class EvaluatorService:
         if self._judging is not None and self._judging.done():
             task, self._judging = self._judging, None
             try:
-                report, pair = task.result()
+                report, job = task.result()
             except Exception as exc:  # a version that fails to load or play: logged, next window
                 log.warning("evaluator.replay_failed", error=str(exc))
             else:
-                self._log_window(report, pair)
-                if gate.take(report, pair) == "retire" and report.verdict is not None:
+                self._log_window(report, job)
+                if gate.take(report, job) == "retire" and report.verdict is not None:
                     action = ("retire", replay_verdict(report))
         if self._judging is None:
             nxt = gate.next_window()
             if nxt is not None:
-                obs, pair, judge = nxt
+                obs, job, judge = nxt
 
                 async def judged() -> tuple[WindowReport, Job]:
-                    return await asyncio.to_thread(gate.judge_window, obs, pair, judge), pair
+                    return await asyncio.to_thread(gate.judge_window, obs, job, judge), job
 
                 self._judging = asyncio.create_task(judged())
         return action or self._replay_action()
@@ -597,11 +597,11 @@ class EvaluatorService:
         v = self.gate.promotion(self.judge.canary) if self.gate is not None else None
         return ("promote", v) if v is not None else None
 
-    def _log_window(self, report: WindowReport, pair: Job) -> None:
+    def _log_window(self, report: WindowReport, job: Job) -> None:
         log.info(
             "evaluator.replay_window",
-            champion=pair[0],
-            challenger=pair[1],
+            champion=job.champion,
+            challenger=job.challenger,
             window=report.window,
             decision=report.decision,
             reason=report.reason,

@@ -345,18 +345,19 @@ class SimLoop:
         assert gate is not None
         gate.versions(self.champion, self.challenger)
         while (nxt := gate.next_window()) is not None:
-            obs, pair, judge = nxt
-            report = gate.judge_window(obs, pair, judge)
+            obs, job, judge = nxt
+            report = gate.judge_window(obs, job, judge)
             f = report.fidelity
             self.windows.append({
-                "at_s": now, "champion": pair[0], "challenger": pair[1], "window": report.window,
+                "at_s": now, "champion": job.champion, "challenger": job.challenger,
+                "window": report.window,
                 "decision": report.decision, "reason": report.reason,
                 "jct_err": f.jct_err, "sla_err": f.sla_err,
                 "observed_jct_s": f.observed_jct_s, "predicted_jct_s": f.predicted_jct_s,
                 "own_jct_err": report.own_fidelity.jct_err if report.own_fidelity else None,
                 "gain": report.gain,
             })  # fmt: skip
-            if gate.take(report, pair) == "retire":
+            if gate.take(report, job) == "retire":
                 self.act(now, "retire", replay_verdict(report))
                 return
         verdict = gate.promotion(self.judge.canary)
