@@ -58,6 +58,8 @@ def workflow_speed(jct_s: float, deadline_s: float, failed: bool) -> float:
 
 # the arms no test counts: the daemon's fallback heuristic, the exploration slice's sampling
 UNJUDGED_ARMS = ("fallback", "explore")
+# the arms the serving version did not serve (the fallback heuristic serves in its stead)
+NOT_SERVING_ARMS = ("challenger", "explore")
 
 
 @dataclass
@@ -89,6 +91,12 @@ class Sample:
         """Whether the A/B test and the guardrail count it: not a workflow of the fallback
         (the daemon's heuristic) or of the exploration slice (sampled actions)."""
         return self.arm not in UNJUDGED_ARMS
+
+    @property
+    def serving(self) -> bool:
+        """Whether the serving version served it (or the daemon's fallback heuristic in its
+        stead): what a replay of its window as served plays it with."""
+        return self.arm not in NOT_SERVING_ARMS
 
 
 class WorkflowOutcomes:

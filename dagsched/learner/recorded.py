@@ -3,12 +3,13 @@ compare --recorded` replays.
 
 The evaluator records traffic as it consumes it (`learner.replay_gate`). This reads the same
 topics once, from their start to the offsets they had when the read began, and feeds the
-same recorder: every message to a `MessageFeed`, and every workflow's end (its last task
-finished, or a task out of retries) with whether the serving version served it (any arm
-but the challenger's slice and exploration). The topics are read one after another, so the
-records are put back in the order they were appended (their broker timestamps) before
-they are fed: the recorder snapshots the per-family history at each window's start, and
-the history must be the one the events had built by then.
+same recorder: every message to a `MessageFeed`, and every workflow's end as the evaluator
+finds it (`OutcomeJoiner` and `WorkflowOutcomes`: its last task finished, or a task out of
+retries) with whether the serving version served it (`Sample.serving`). The topics are
+read one after another, so the records are put back in the order they were appended
+(their broker timestamps) before they are fed: the recorder snapshots the per-family
+history at each window's start, and the history must be the one the events had built by
+then.
 """
 
 from __future__ import annotations
@@ -17,21 +18,15 @@ from dataclasses import dataclass, field, replace
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from dagsched.learner.joining import OutcomeJoiner
+from dagsched.learner.live_ab import WorkflowOutcomes
 from dagsched.learner.replay_feed import MessageFeed
 from dagsched.learner.replay_judge import ObservedWindow, ReplayJudgeConfig, TrafficRecorder
-from dagsched.schemas.messages import (
-    BadMessage,
-    DecisionMsg,
-    TaskFailedMsg,
-    TaskFinishedMsg,
-    WorkflowMsg,
-    decode,
-)
+from dagsched.schemas.messages import BadMessage, WorkflowMsg, decode
 from dagsched.settings import Settings
 
 # what the evaluator reads, less the decision log (its covariates only adjust the live A/B)
 TOPICS = ("tasks", "decisions", "events")
-NOT_SERVING = ("challenger", "explore")  # arms that are not the serving version
 
 
 @dataclass
@@ -87,51 +82,6 @@ async def read_records(settings: Settings, timeout_s: float = 30.0) -> list[tupl
         await consumer.stop()
 
 
-class WorkflowEnds:
-    """When each recorded workflow ended, from its declaration, its decisions and its tasks'
-    end events."""
-
-    def __init__(self, recorder: TrafficRecorder) -> None:
-        self.recorder = recorder
-        self.ended = 0
-        self._open: dict[str, tuple[float, float, int]] = {}  # id -> arrival, deadline, left
-        self._retries: dict[tuple[str, int], int] = {}  # (workflow, task) -> max retries
-        self._served: dict[str, bool] = {}  # workflow -> served by the serving version
-
-    def add(self, msg: object) -> None:
-        if isinstance(msg, WorkflowMsg):
-            self._open[msg.workflow_id] = (msg.arrival_s, msg.deadline_s, len(msg.tasks))
-        elif isinstance(msg, DecisionMsg):
-            self._retries[(msg.workflow_id, msg.task)] = msg.max_retries
-            self._served.setdefault(msg.workflow_id, msg.arm not in NOT_SERVING)
-        elif isinstance(msg, TaskFinishedMsg):
-            got = self._open.get(msg.workflow_id)
-            if got is None:
-                return
-            arrival, deadline, left = got
-            self._retries.pop((msg.workflow_id, msg.task), None)
-            if left > 1:
-                self._open[msg.workflow_id] = (arrival, deadline, left - 1)
-            else:
-                self._end(msg.workflow_id, msg.at, failed=False)
-        elif isinstance(msg, TaskFailedMsg) and msg.reason != "cancelled":
-            retries = self._retries.get((msg.workflow_id, msg.task))
-            if retries is not None and msg.attempt >= retries:
-                self._end(msg.workflow_id, msg.at, failed=True)
-
-    def _end(self, workflow_id: str, at_s: float, failed: bool) -> None:
-        got = self._open.pop(workflow_id, None)
-        if got is None:
-            return
-        arrival, deadline, _ = got
-        met = not failed and at_s <= arrival + deadline + 1e-9
-        served = self._served.pop(workflow_id, True)
-        self.recorder.ended(workflow_id, at_s - arrival, met, served)
-        self.ended += 1
-        for key in [k for k in self._retries if k[0] == workflow_id]:
-            del self._retries[key]
-
-
 def windows_of(
     settings: Settings,
     cfg: ReplayJudgeConfig,
@@ -155,11 +105,20 @@ def windows_of(
             cfg = replace(cfg, window_workflows=arrived)
     recorder = TrafficRecorder.of(cfg)
     feed = MessageFeed(recorder, settings.daemon.max_dag_tasks, settings.sim.cluster.speed)
-    ends = WorkflowEnds(recorder)
+    # the evaluator's own path from messages to workflow ends; a recording has no wall clock
+    # to time an attempt out by, so an attempt with no outcome yet stays open
+    joiner = OutcomeJoiner(
+        settings.sim.reward, settings.evaluator.outcome_timeout_s, settings.daemon.max_dag_tasks
+    )
+    joiner.wait_for_log = False
+    outcomes = WorkflowOutcomes(joiner)
     for msg in messages:
         feed.add(msg)
-        ends.add(msg)
+        for j in joiner.add(msg, 0.0):
+            sample = outcomes.add(j)
+            if sample is not None:
+                recorder.ended(sample.workflow_id, sample.jct_s, sample.sla >= 1.0, sample.serving)
+                got.ended += 1
     got.workflows = recorder.arrivals
-    got.ended = ends.ended
     got.windows = recorder.ready(feed.families())
     return got

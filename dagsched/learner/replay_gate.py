@@ -122,8 +122,7 @@ class ReplayGate(Generic[F]):
 
     def ended(self, sample: Sample) -> None:
         """A workflow finished (or failed): what its window really did."""
-        served = sample.arm == "champion"
-        self.recorder.ended(sample.workflow_id, sample.jct_s, sample.sla >= 1.0, served)
+        self.recorder.ended(sample.workflow_id, sample.jct_s, sample.sla >= 1.0, sample.serving)
 
     def versions(self, champion: str | None, challenger: str | None) -> None:
         """The pair under test now; a new pair starts a new test."""

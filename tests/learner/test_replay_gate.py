@@ -178,16 +178,20 @@ def test_a_replay_win_waits_in_won_and_a_retire_is_acted_on() -> None:
 
 def test_a_finished_workflow_is_recorded_with_its_jct_and_who_served_it() -> None:
     gate = _gate([])
-    a, b = stream_workflows(gate.base, 4, 2)
+    a, b, c, d = stream_workflows(gate.base, 4, 4)
     gate.ended(Sample(a.id, "champion", "v1", 1.0, -0.5, 0.3, None, 123.0))
     assert gate.recorder.jct_s == {}  # not arrived: no window will hold it
-    gate.recorder.workflow(a)
-    gate.recorder.workflow(b)
+    for wf in (a, b, c, d):
+        gate.recorder.workflow(wf)
     gate.ended(Sample(a.id, "champion", "v1", 1.0, -0.5, 0.3, None, 123.0))
     gate.ended(Sample(b.id, "challenger", "v2", 0.0, -0.5, 0.3, None, 456.0))
-    assert gate.recorder.jct_s == {a.id: 123.0, b.id: 456.0}
-    assert gate.recorder.met == {a.id: True, b.id: False}
-    assert gate.recorder.elsewhere == {b.id}  # the challenger's: not in fidelity
+    gate.ended(Sample(c.id, "fallback", "heft_history", 1.0, -0.5, 0.3, None, 78.0))
+    gate.ended(Sample(d.id, "explore", "v3", 1.0, -0.5, 0.3, None, 90.0))
+    assert gate.recorder.jct_s == {a.id: 123.0, b.id: 456.0, c.id: 78.0, d.id: 90.0}
+    assert gate.recorder.met == {a.id: True, b.id: False, c.id: True, d.id: True}
+    # the challenger's and the exploration slice's are not in fidelity; the fallback heuristic
+    # served in the serving version's stead
+    assert gate.recorder.elsewhere == {b.id, d.id}
 
 
 def test_a_pair_is_judged_only_on_windows_that_arrived_after_it() -> None:
