@@ -3,12 +3,13 @@
 An embedded Tansu broker; one daemon replica serving the champion (the shipped one, registered
 in a fresh demo registry) and a `daemon.challenger_share` slice of workflows to the challenger;
 the learner fine-tuning shadows from the decision logs; the A/B evaluator judging them; and the
-simulator replaying workflows through Kafka. Halfway through the workload (by arrival time) the
-world shifts, unannounced (`sim.shift`: the settings' shift effects, else `PRODUCTION_SHIFT`):
-the retry after an OOM kill pays a long restart (an hour in `PRODUCTION_SHIFT`), which the
-observation does not show until outcomes do, and task families start shipping new releases
-that history has not measured. The closing story compares the same workload in
-the simulator under the frozen shipped champion and `heft_history`.
+simulator replaying workflows through Kafka. Halfway through the workload (by arrival time;
+`shift_share` moves it) the world shifts, unannounced (`sim.shift`: the settings' shift
+effects, else `PRODUCTION_SHIFT`): the retry after an OOM kill pays a long restart (an hour
+in `PRODUCTION_SHIFT`), which the observation does not show until outcomes do, and task
+families start shipping new releases that history has not measured. The closing story
+compares the same workload in the simulator under the frozen shipped champion and
+`heft_history`.
 
 The demo keeps its registry under `<home>/demo` (wiped at each start) and its topics under a
 fresh prefix, so it never touches the user's models. Everything runs in one asyncio loop; the
@@ -114,10 +115,11 @@ def demo_settings(settings: Settings) -> Settings:
     )
 
 
-def midway(settings: Settings, workflows: int, seed: int) -> float:
-    """Arrival time (simulated s) of the middle workflow of the replayed workload."""
+def arrival_at(settings: Settings, workflows: int, seed: int, share: float = 0.5) -> float:
+    """Arrival time (simulated s) of the workflow at `share` of the replayed workload (0.5:
+    the middle one)."""
     arrivals = [wf.arrival_s for wf in stream_workflows(settings.sim, seed, workflows)]
-    return arrivals[len(arrivals) // 2]
+    return arrivals[min(len(arrivals) - 1, int(len(arrivals) * share))]
 
 
 async def _until(cond: Callable[[], bool], timeout_s: float) -> None:
@@ -141,10 +143,12 @@ async def run_demo(
     seed: int = 0,
     shift: bool = True,
     progress: Progress | None = None,
+    shift_share: float = 0.5,
 ) -> Story:
-    """Broker + daemon + learner + evaluator + replay (shift midway); returns the story."""
+    """Broker + daemon + learner + evaluator + replay (the shift on at the arrival of the
+    workflow at `shift_share` of the workload); returns the story."""
     s = demo_settings(settings)
-    shift_at = midway(s, workflows, seed) if shift else float("inf")
+    shift_at = arrival_at(s, workflows, seed, shift_share) if shift else float("inf")
     shift_cfg = demo_shift(s, shift_at) if shift else None
     s = s.model_copy(update={"sim": replace(s.sim, shift=shift_cfg)})
     reg = Registry(s)

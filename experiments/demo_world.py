@@ -12,7 +12,8 @@ estimate of the restart; online, a window closes as soon as its workflows end, a
 only the retries that had ended by then.
 
     .venv/bin/python experiments/demo_world.py [--workflows 200] [--shift-at 0.25]
-        [--nodes-per-kind 8] [--load L] [--restart-s 3600] [--warmup N] [--replays K]
+        [--nodes-per-kind 8] [--load L] [--restart-s 3600] [--mem-spread 1] [--warmup N]
+        [--replays K]
         [--mem 0.4]
 """
 
@@ -44,6 +45,7 @@ def main() -> None:
     ap.add_argument("--nodes-per-kind", type=int, default=8, help="the profile's: 8 (32 nodes)")
     ap.add_argument("--load", type=float, help="default: the demo profile's")
     ap.add_argument("--restart-s", type=float, default=PRODUCTION_SHIFT.oom_restart_s)
+    ap.add_argument("--mem-spread", type=float, default=PRODUCTION_SHIFT.mem_spread)
     ap.add_argument("--warmup", type=int, help="default: the demo profile's")
     ap.add_argument("--replays", type=int, help="default: the demo profile's")
     ap.add_argument("--mem", type=float, default=0.4, help="the variant's memory shift (logit)")
@@ -57,7 +59,12 @@ def main() -> None:
     sc = replace(s.sim, cluster=replace(s.sim.cluster, groups=groups), workload=workload)
     wfs = list(stream_workflows(sc, 0, args.workflows))
     at = wfs[min(len(wfs) - 1, int(args.workflows * args.shift_at))].arrival_s
-    sc = replace(sc, shift=replace(PRODUCTION_SHIFT, at_s=at, oom_restart_s=args.restart_s))
+    sc = replace(
+        sc,
+        shift=replace(
+            PRODUCTION_SHIFT, at_s=at, oom_restart_s=args.restart_s, mem_spread=args.mem_spread
+        ),
+    )
     cfg = config_from(s.evaluator.replay)
     cfg = replace(
         cfg,

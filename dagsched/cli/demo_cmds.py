@@ -27,7 +27,10 @@ def demo_cmd(
     ctx: typer.Context,
     workflows: int = typer.Option(200, "--workflows", min=2, help="Workflows to replay."),
     seed: int = typer.Option(0, "--seed", min=0, help="Seed of the replayed workload."),
-    shift: bool = typer.Option(True, "--shift/--no-shift", help="Shift the world midway."),
+    shift: bool = typer.Option(True, "--shift/--no-shift", help="Shift the world (at --shift-at)."),
+    shift_at: float = typer.Option(
+        0.5, "--shift-at", min=0.0, max=1.0, help="Share of the arrivals before the shift."
+    ),
     as_json: bool = typer.Option(False, "--json", help="One JSON object on stdout."),
 ) -> None:
     """Broker, daemon, learner, evaluator and a replay shifted midway; tell the story."""
@@ -35,7 +38,7 @@ def demo_cmd(
 
     settings = state(ctx).settings()
     with progress_bar("replaying workflows", enabled=stderr_is_tty()) as progress:
-        story = asyncio.run(run_demo(settings, workflows, seed, shift, progress))
+        story = asyncio.run(run_demo(settings, workflows, seed, shift, progress, shift_at))
     shift_at = story.shift_at_s if shift else None
     context = heuristic_context(settings, workflows, shift_at, seed)
     doc = story.to_dict()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dagsched.demo import midway, run_demo
+from dagsched.demo import arrival_at, run_demo
 from tests.daemon.conftest import make_settings
 
 
@@ -25,14 +25,14 @@ async def test_demo_runs_the_loop_and_tells_what_happened(redis_url: str, tmp_pa
             "daemon.view_wait_ms": 30.0,
         },
     )
-    story = await run_demo(s, workflows=10, seed=1)
+    story = await run_demo(s, workflows=10, seed=1, shift_share=0.3)
     assert story.served_by == "v1"  # the shipped champion, registered in the demo registry
     assert story.settings["home"] == str(tmp_path / "demo")
-    assert story.shift_at_s == midway(s, 10, 1)
+    assert story.shift_at_s == arrival_at(s, 10, 1, 0.3)  # the fourth arrival
     outcomes = story.outcomes
     assert len(outcomes) == 10  # every replayed workflow is accounted for (ended or failed)
     assert story.replay["workflows_failed"] + sum(o.end_s is not None for o in outcomes) == 10
-    assert sum(o.arrival_s < story.shift_at_s for o in outcomes) == 5
+    assert sum(o.arrival_s < story.shift_at_s for o in outcomes) == 3
     assert story.replay["duplicates"] == 0
     # the learner made at least one challenger, a head-only shadow of v1
     assert story.rounds
@@ -45,5 +45,5 @@ async def test_demo_runs_the_loop_and_tells_what_happened(redis_url: str, tmp_pa
     doc = json.loads(json.dumps(story.to_dict(), default=str))
     before, after = doc["sla"]["before_shift"]["all"], doc["sla"]["after_shift"]["all"]
     assert doc["shift"]["oom_restart_s"] > 0 and doc["shift"]["at_s"] == story.shift_at_s
-    assert before["workflows"] == after["workflows"] == 5
+    assert (before["workflows"], after["workflows"]) == (3, 7)
     assert 0.0 <= before["sla_attainment"] <= 1.0
