@@ -39,8 +39,7 @@ def demo_cmd(
     settings = state(ctx).settings()
     with progress_bar("replaying workflows", enabled=stderr_is_tty()) as progress:
         story = asyncio.run(run_demo(settings, workflows, seed, shift, progress, shift_at))
-    shift_at = story.shift_at_s if shift else None
-    context = heuristic_context(settings, workflows, shift_at, seed)
+    context = heuristic_context(settings, workflows, story.shift_at_s if shift else None, seed)
     doc = story.to_dict()
     if as_json:
         doc["heuristics_in_simulator"] = context
