@@ -45,6 +45,7 @@ from dagsched.sim.snapshot import SchedulerPolicy
 log = structlog.get_logger("dagsched.demo")
 MODEL_WAIT_S = 120.0
 DRAIN_S = 30.0  # at most this long for the evaluator to judge the last workflows
+HOLD_MAX_S = 300.0  # the longest simulated time stands still for the learner or the judge
 Progress = Callable[[int, int], None]
 
 
@@ -122,6 +123,33 @@ def arrival_at(settings: Settings, workflows: int, seed: int, share: float = 0.5
     return arrivals[min(len(arrivals) - 1, int(len(arrivals) * share))]
 
 
+class TimeStandsStill:
+    """Simulated time stands still while the learner runs a round or the replay judge has
+    windows to replay, as if they took no time. The replay plays the workload as fast as
+    the daemon decides, ten times or more faster than real time; the learner and the judge
+    would otherwise fall windows behind the traffic they learn from and judge. In real time
+    a window of the demo's 25 workflows arrives over about 7 minutes, and its replays take
+    well under one. A part that stays busy past `HOLD_MAX_S` ends the holding: the demo goes
+    on as fast as the daemon decides."""
+
+    def __init__(self, learner: LearnerService, evaluator: EvaluatorService) -> None:
+        self.learner, self.evaluator = learner, evaluator
+        self.held_s = 0.0  # wall time simulated time stood still
+        self.gave_up = False
+
+    async def hold(self) -> None:
+        if self.gave_up:
+            return
+        t0 = time.monotonic()
+        while self.learner.busy or self.evaluator.busy:
+            if time.monotonic() - t0 > HOLD_MAX_S:
+                self.gave_up = True
+                log.warning("demo.hold_given_up", after_s=HOLD_MAX_S)
+                break
+            await asyncio.sleep(0.1)  # polling flags of services running in this loop
+        self.held_s += time.monotonic() - t0
+
+
 async def _until(cond: Callable[[], bool], timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while not cond() and time.monotonic() < deadline:
@@ -170,12 +198,17 @@ async def run_demo(
         try:
             served = await _wait_for_champion(daemon, tasks["daemon"])
             log.info("demo.serving", champion=served, shift_at_s=shift_at)
-            replay = Replay(s, ReplayConfig(workflows=workflows, seed=seed), progress)
+            still = TimeStandsStill(learner, evaluator)
+            replay = Replay(
+                s, ReplayConfig(workflows=workflows, seed=seed), progress, hold=still.hold
+            )
             result = await replay.run()
-            # let the evaluator judge the last workflows before everything stops
+            # let the evaluator judge the last workflows, and replay the last windows they
+            # closed, before everything stops
             ended = [o for o in replay.workflow_outcomes() if o.end_s is not None]
             judged = sum(o.arm != "fallback" for o in ended)
             await _until(lambda: evaluator.samples >= judged, DRAIN_S)
+            await _until(lambda: not evaluator.busy, HOLD_MAX_S)
         finally:
             daemon.stop()
             stop.set()
@@ -188,7 +221,7 @@ async def run_demo(
         shift_at_s=shift_at,
         shift=shift_cfg.__dict__ if shift_cfg else {},
         served_by=served,
-        replay={**result, "daemon_decisions": daemon.stats["decisions"]},
+        replay={**result, "daemon_decisions": daemon.stats["decisions"], "held_s": still.held_s},
         outcomes=replay.workflow_outcomes(),
         verdicts=verdicts,
         replay_windows=replay_windows(evaluator),

@@ -57,6 +57,8 @@ def tell(doc: dict[str, Any], context: list[dict[str, Any]]) -> None:
         f" broker; {r.get('tasks_sent', 0)} tasks sent, {r.get('decisions_received', 0)}"
         f" decisions, {r.get('duplicates', 0)} duplicates, {r.get('rejected', 0)} re-asked."
         f" Challenger share {doc['settings']['challenger_share']:.0%} of workflows."
+        f" Simulated time stood still for {r.get('held_s', 0):.0f} s of wall time while the"
+        " learner searched and the judge replayed."
     )
     if doc["shift"]:
         console.print(

@@ -22,7 +22,7 @@ import random
 import re
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -127,10 +127,13 @@ class Replay:
         settings: Settings,
         cfg: ReplayConfig,
         progress: Callable[[int, int], None] | None = None,
+        hold: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.s = settings
         self.cfg = cfg
         self.progress = progress
+        # awaited before each step of simulated time: simulated time stands still meanwhile
+        self.hold = hold
         self.run_id = uuid.uuid4().hex[:8]
         self.rng = random.Random(cfg.seed)
         self.counts = dict.fromkeys(
@@ -249,6 +252,8 @@ class Replay:
         next_hb = HEARTBEAT_S
         ended = 0
         while not stop.is_set():
+            if self.hold is not None:
+                await self.hold()
             batch = sim.advance()
             if batch is None:
                 break

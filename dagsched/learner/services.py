@@ -115,6 +115,7 @@ class LearnerService:
         )
         self.window: deque[Joined] = deque(maxlen=self.cfg.window)
         self.completed = 0
+        self.busy = False  # a round is fine-tuning or searching
         self.rounds: list[str] = []  # versions registered, in order
         # each head search run (`learner.method: search`): the windows and what it found
         self.searched: list[dict[str, Any]] = []
@@ -158,10 +159,13 @@ class LearnerService:
                         self.waited += 1
                         next_check = time.monotonic() + BUSY_RECHECK_S
                         continue  # keep filling the window; try again later
+                    self.busy = True
                     try:
                         version = await asyncio.to_thread(self.round, alias)
                     except SearchStopped:
                         break  # stopping: nothing half-searched is registered
+                    finally:
+                        self.busy = False
                     self.completed = 0
                     if version is None:  # a search that moved nothing
                         continue
@@ -566,6 +570,17 @@ class EvaluatorService:
         self.judge.versions(v(champ), v(chall), v(prev))  # a promotion by hand is watched too
         if self.gate is not None:
             self.gate.versions(v(champ), v(chall))
+
+    @property
+    def busy(self) -> bool:
+        """The replay judge has work: a window's replays in flight, or closed windows to
+        replay."""
+        gate = self.gate
+        if gate is None:
+            return False
+        if self._judging is not None:  # in flight, or done and its report not yet taken
+            return True
+        return bool(gate.waiting or gate.unjudged) or gate.recorder.closable()
 
     def _replay_step(self, gate: ReplayGate[MessageFeed]) -> Action | None:
         """Take a judged window's report, start judging the next closed one, and say what

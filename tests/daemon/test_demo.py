@@ -36,6 +36,8 @@ async def test_demo_runs_the_loop_and_tells_what_happened(redis_url: str, tmp_pa
     assert story.replay["duplicates"] == 0
     # the learner made at least one challenger, a head-only shadow of v1
     assert story.rounds
+    # simulated time stood still while a round ran
+    assert story.replay["held_s"] > 0
     made = {v["version"]: v for v in story.versions}
     assert made["1"]["origin"] == "shipped"
     for r in story.rounds:
