@@ -2,8 +2,10 @@
 
 An embedded Tansu broker; one daemon replica serving the champion (the shipped one, registered
 in a fresh demo registry) and a `daemon.challenger_share` slice of workflows to the challenger;
-the learner fine-tuning shadows from the decision logs; the A/B evaluator judging them; and the
-simulator replaying workflows through Kafka. Halfway through the workload (by arrival time;
+the learner making challengers (by default, by searching the heads' shifts on the windows it
+recorded); the evaluator judging them (by default, the replay judge with a canary); and the
+simulator replaying workflows through Kafka, its time standing still while the learner or the
+judge works (`TimeStandsStill`). Halfway through the workload (by arrival time;
 `shift_share` moves it) the world shifts, unannounced (`sim.shift`: the settings' shift
 effects, else `PRODUCTION_SHIFT`): the retry after an OOM kill pays a long restart (an hour
 in `PRODUCTION_SHIFT`), which the observation does not show until outcomes do, and task
