@@ -4,14 +4,14 @@ An embedded Tansu broker; one daemon replica serving the champion (the shipped o
 in a fresh demo registry) and a `daemon.challenger_share` slice of workflows to the challenger;
 the learner making challengers (by default, by searching the heads' shifts on the windows it
 recorded); the evaluator judging them (by default, the replay judge with a canary); and the
-simulator replaying workflows through Kafka, its time standing still while the learner or the
-judge works (`TimeStandsStill`). Halfway through the workload (by arrival time;
-`shift_share` moves it) the world shifts, unannounced (`sim.shift`: the settings' shift
-effects, else `PRODUCTION_SHIFT`): the retry after an OOM kill pays a long restart (an hour
-in `PRODUCTION_SHIFT`), which the observation does not show until outcomes do, and task
-families start shipping new releases that history has not measured. The closing story
-compares the same workload in the simulator under the frozen shipped champion and
-`heft_history`.
+simulator replaying workflows through Kafka (with `wait_for_loop`, its time standing still
+while the learner or the judge works: `TimeStandsStill`). Halfway through the workload (by
+arrival time; `shift_share` moves it) the world shifts, unannounced (`sim.shift`: the
+settings' shift effects, else `PRODUCTION_SHIFT`): the retry after an OOM kill pays a long
+restart (an hour in `PRODUCTION_SHIFT`), which the observation does not show until outcomes
+do, and task families start shipping new releases that history has not measured. The
+closing story compares the same workload in the simulator under the frozen shipped champion
+and `heft_history`.
 
 The demo keeps its registry under `<home>/demo` (wiped at each start) and its topics under a
 fresh prefix, so it never touches the user's models. Everything runs in one asyncio loop; the
@@ -174,9 +174,11 @@ async def run_demo(
     shift: bool = True,
     progress: Progress | None = None,
     shift_share: float = 0.5,
+    wait_for_loop: bool = False,
 ) -> Story:
     """Broker + daemon + learner + evaluator + replay (the shift on at the arrival of the
-    workflow at `shift_share` of the workload); returns the story."""
+    workflow at `shift_share` of the workload); returns the story. `wait_for_loop`:
+    simulated time stands still while the learner or the judge works (`TimeStandsStill`)."""
     s = demo_settings(settings)
     shift_at = arrival_at(s, workflows, seed, shift_share) if shift else float("inf")
     shift_cfg = demo_shift(s, shift_at) if shift else None
@@ -202,15 +204,19 @@ async def run_demo(
             log.info("demo.serving", champion=served, shift_at_s=shift_at)
             still = TimeStandsStill(learner, evaluator)
             replay = Replay(
-                s, ReplayConfig(workflows=workflows, seed=seed), progress, hold=still.hold
+                s,
+                ReplayConfig(workflows=workflows, seed=seed),
+                progress,
+                hold=still.hold if wait_for_loop else None,
             )
             result = await replay.run()
-            # let the evaluator judge the last workflows, and replay the last windows they
-            # closed, before everything stops
+            # let the evaluator judge the last workflows (and, waiting for the loop, replay
+            # the last windows they closed) before everything stops
             ended = [o for o in replay.workflow_outcomes() if o.end_s is not None]
             judged = sum(o.arm != "fallback" for o in ended)
             await _until(lambda: evaluator.samples >= judged, DRAIN_S)
-            await _until(lambda: not evaluator.busy, HOLD_MAX_S)
+            if wait_for_loop:
+                await _until(lambda: not evaluator.busy, HOLD_MAX_S)
         finally:
             daemon.stop()
             stop.set()

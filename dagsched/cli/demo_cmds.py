@@ -31,6 +31,12 @@ def demo_cmd(
     shift_at: float = typer.Option(
         0.5, "--shift-at", min=0.0, max=1.0, help="Share of the arrivals before the shift."
     ),
+    wait_for_loop: bool = typer.Option(
+        False,
+        "--wait-for-loop",
+        help="Stand simulated time still while the learner searches or the judge replays:"
+        " slower, but the loop keeps up with the traffic.",
+    ),
     as_json: bool = typer.Option(False, "--json", help="One JSON object on stdout."),
 ) -> None:
     """Broker, daemon, learner, evaluator and a replay shifted midway; tell the story."""
@@ -38,7 +44,9 @@ def demo_cmd(
 
     settings = state(ctx).settings()
     with progress_bar("replaying workflows", enabled=stderr_is_tty()) as progress:
-        story = asyncio.run(run_demo(settings, workflows, seed, shift, progress, shift_at))
+        story = asyncio.run(
+            run_demo(settings, workflows, seed, shift, progress, shift_at, wait_for_loop)
+        )
     context = heuristic_context(settings, workflows, story.shift_at_s if shift else None, seed)
     doc = story.to_dict()
     if as_json:
@@ -57,8 +65,12 @@ def tell(doc: dict[str, Any], context: list[dict[str, Any]]) -> None:
         f" broker; {r.get('tasks_sent', 0)} tasks sent, {r.get('decisions_received', 0)}"
         f" decisions, {r.get('duplicates', 0)} duplicates, {r.get('rejected', 0)} re-asked."
         f" Challenger share {doc['settings']['challenger_share']:.0%} of workflows."
-        f" Simulated time stood still for {r.get('held_s', 0):.0f} s of wall time while the"
-        " learner searched and the judge replayed."
+        + (
+            f" Simulated time stood still for {r['held_s']:.0f} s of wall time while the"
+            " learner searched and the judge replayed."
+            if r.get("held_s")
+            else ""
+        )
     )
     if doc["shift"]:
         console.print(

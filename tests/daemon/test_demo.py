@@ -25,7 +25,7 @@ async def test_demo_runs_the_loop_and_tells_what_happened(redis_url: str, tmp_pa
             "daemon.view_wait_ms": 30.0,
         },
     )
-    story = await run_demo(s, workflows=10, seed=1, shift_share=0.3)
+    story = await run_demo(s, workflows=10, seed=1, shift_share=0.3, wait_for_loop=True)
     assert story.served_by == "v1"  # the shipped champion, registered in the demo registry
     assert story.settings["home"] == str(tmp_path / "demo")
     assert story.shift_at_s == arrival_at(s, 10, 1, 0.3)  # the fourth arrival
