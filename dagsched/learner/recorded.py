@@ -21,6 +21,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from dagsched.learner.joining import OutcomeJoiner
 from dagsched.learner.live_ab import WorkflowOutcomes
 from dagsched.learner.replay_feed import MessageFeed
+from dagsched.learner.replay_gate import record_end
 from dagsched.learner.replay_judge import ObservedWindow, ReplayJudgeConfig, TrafficRecorder
 from dagsched.schemas.messages import BadMessage, WorkflowMsg, decode
 from dagsched.settings import Settings
@@ -117,7 +118,7 @@ def windows_of(
         for j in joiner.add(msg, 0.0):
             sample = outcomes.add(j)
             if sample is not None:
-                recorder.ended(sample.workflow_id, sample.jct_s, sample.sla >= 1.0, sample.serving)
+                record_end(recorder, sample)
                 got.ended += 1
     got.workflows = recorder.arrivals
     got.windows = recorder.ready(feed.families())

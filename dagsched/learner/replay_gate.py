@@ -52,6 +52,11 @@ from dagsched.sim.snapshot import SchedulerPolicy
 Pair = tuple[str, str]  # (champion, challenger) version ids, "v3"
 
 
+def record_end(recorder: TrafficRecorder, sample: Sample) -> None:
+    """A finished (or failed) workflow's sample, as its window's recorder keeps it."""
+    recorder.ended(sample.workflow_id, sample.jct_s, sample.sla >= 1.0, sample.serving)
+
+
 class Job(NamedTuple):
     """What a closed window is replayed for: judged for the pair under test, or measured
     for fidelity only (as served: by the champion, and by `challenger` on its slice)."""
@@ -122,7 +127,7 @@ class ReplayGate(Generic[F]):
 
     def ended(self, sample: Sample) -> None:
         """A workflow finished (or failed): what its window really did."""
-        self.recorder.ended(sample.workflow_id, sample.jct_s, sample.sla >= 1.0, sample.serving)
+        record_end(self.recorder, sample)
 
     def versions(self, champion: str | None, challenger: str | None) -> None:
         """The pair under test now; a new pair starts a new test."""
