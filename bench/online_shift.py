@@ -143,7 +143,7 @@ def play_loop(
             )
             bar.write(
                 f"{desc}: workflow {ended}: window {w['window']} {who}: {w['decision']}, "
-                f"fidelity {w['jct_err']:.1%}"
+                + ("fidelity n/a" if w["jct_err"] is None else f"fidelity {w['jct_err']:.1%}")
                 + ("" if gain is None else f", replayed JCT {gain:+.1%}")
             )
         told[:] = [len(loop.events), len(loop.windows)]
@@ -345,7 +345,9 @@ def windows_doc(seed: int, windows: Sequence[dict], arrivals: list[float]) -> li
 def replay_summary(windows: Sequence[dict], shift_at: dict[int, float], limit: float) -> dict:
     """The replay judge's windows in a few numbers: decisions, and fidelity after the shift."""
     after = [w for w in windows if w["at_s"] >= shift_at[w["seed"]]]
-    errs = [w["jct_err"] for w in windows]
+    # a window with no workflow to compare has no error (and the judge refused it)
+    errs = [w["jct_err"] for w in windows if w["jct_err"] is not None]
+    errs_after = [w["jct_err"] for w in after if w["jct_err"] is not None]
     own = [w["own_jct_err"] for w in after if w.get("own_jct_err") is not None]
     q = lambda xs, p: float(np.quantile(xs, p)) if xs else None  # noqa: E731
     return {
@@ -357,8 +359,8 @@ def replay_summary(windows: Sequence[dict], shift_at: dict[int, float], limit: f
             "windows": len(errs),
             "median": q(errs, 0.5),
             "max": q(errs, 1.0),
-            "after_shift_median": q([w["jct_err"] for w in after], 0.5),
-            "after_shift_max": q([w["jct_err"] for w in after], 1.0),
+            "after_shift_median": q(errs_after, 0.5),
+            "after_shift_max": q(errs_after, 1.0),
             "over_limit": sum(e > limit for e in errs),
             "limit": limit,
             # each window's alone (the judge gates on the pooled error above)

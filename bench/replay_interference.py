@@ -199,7 +199,9 @@ def main() -> None:
             "none" if fv is None else f"{fv['decision']} at {fv['workflows']}",
             f"{st['diff']:+.3f} [{st['lower']:+.3f}, {st['upper']:+.3f}]",
             "none" if fc is None else f"{fc['decision']} at {fc['workflows']}",
-            " ".join(f"{w['jct_err']:.0%}" for w in v["windows"]),
+            " ".join(
+                "n/a" if w["jct_err"] is None else f"{w['jct_err']:.0%}" for w in v["windows"]
+            ),
         )
     Console().print(t)
     print(f"wall {doc['wall_s']} s; {args.out / 'replay_interference.png'}")

@@ -458,7 +458,10 @@ def learning_page() -> list[str]:
                     "none" if fv is None else f"{fv['decision']} at {fv['workflows']}",
                     f"{st['diff']:+.3f} [{st['lower']:+.3f}, {st['upper']:+.3f}]",
                     "none" if fc is None else f"{fc['decision']} at {fc['workflows']}",
-                    " ".join(f"{w['jct_err']:.0%}" for w in v["windows"]),
+                    " ".join(
+                        "n/a" if w["jct_err"] is None else f"{w['jct_err']:.0%}"
+                        for w in v["windows"]
+                    ),
                 ]
             )
         cfg = src.data["config"]

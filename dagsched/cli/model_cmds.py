@@ -429,9 +429,13 @@ def _compare_table(doc: dict[str, Any]) -> None:
     if f is not None:
         console.print(
             f"fidelity: replays of {doc['a']} predict mean JCT {f['predicted_jct_s']:.0f} s "
-            f"against {f['observed_jct_s']:.0f} s observed ({f['jct_err']:.1%} off), "
+            f"against {f['observed_jct_s']:.0f} s observed ({_off(f['jct_err'])}), "
             f"SLA {f['predicted_sla']:.3f} against {f['observed_sla']:.3f}"
         )
+
+
+def _off(err: float | None) -> str:
+    return f"{err:.1%} off" if err is not None else "no workflow to compare"
 
 
 def _compare_png(doc: dict[str, Any], path: Path) -> None:

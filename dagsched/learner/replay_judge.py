@@ -523,10 +523,22 @@ class Fidelity:
 
     observed_jct_s: float
     predicted_jct_s: float
-    jct_err: float  # |predicted - observed| / observed
+    jct_err: float | None  # |predicted - observed| / observed; None: nothing to compare
     observed_sla: float
     predicted_sla: float
-    sla_err: float  # absolute, in SLA points
+    sla_err: float | None  # absolute, in SLA points
+    compared: int = 0  # workflows both observed to end and replayed
+
+    def off_by_more_than(self, limit: float) -> bool:
+        """Whether the replay is not to be trusted: off by more than `limit` of mean JCT,
+        or with no workflow to check it on."""
+        return self.jct_err is None or self.jct_err > limit
+
+    def describe(self) -> str:
+        """The error in words ("mean JCT off by 7.1%"), or why there is none."""
+        if self.jct_err is None:
+            return "no workflow both observed to end and replayed"
+        return f"mean JCT off by {self.jct_err:.1%}"
 
 
 class FidelityPool:
@@ -637,16 +649,17 @@ def fidelity_of(
                 p_j.append(float(np.mean(got)))
                 p_m.append(float(np.mean([r.met[i] for r in replays if i in r.met])))
     if not o_j:
-        return Fidelity(0.0, 0.0, float("inf"), 0.0, 0.0, 1.0)
+        return Fidelity(0.0, 0.0, None, 0.0, 0.0, None)
     o_jct, o_sla = float(np.mean(o_j)), float(np.mean(o_m))
     pred_jct, pred_sla = float(np.mean(p_j)), float(np.mean(p_m))
     return Fidelity(
         o_jct,
         pred_jct,
-        abs(pred_jct - o_jct) / o_jct if o_jct > 0 else float("inf"),
+        abs(pred_jct - o_jct) / o_jct if o_jct > 0 else None,
         o_sla,
         pred_sla,
         abs(pred_sla - o_sla),
+        len(o_j),
     )
 
 
@@ -742,11 +755,10 @@ class ReplayJudge:
         report = WindowReport(obs.index, len(obs.workflows), fid, "", "",
                               champion=[_summary(r) for r in champion],
                               own_fidelity=fidelity_of([(obs, served)]))  # fmt: skip
-        if fid.jct_err > self.cfg.fidelity_max_jct_err:
+        if fid.off_by_more_than(self.cfg.fidelity_max_jct_err):
             report.decision = UNRELIABLE
             report.reason = (
-                f"replay fidelity: mean JCT off by {fid.jct_err:.1%} "
-                f"(limit {self.cfg.fidelity_max_jct_err:.0%})"
+                f"replay fidelity: {fid.describe()} (limit {self.cfg.fidelity_max_jct_err:.0%})"
             )
         return report
 

@@ -97,6 +97,10 @@ def _decoded(records: dict[Any, list[Any]]) -> list[Any]:
     return out
 
 
+def _rounded(x: float | None) -> float | None:
+    return round(x, 4) if x is not None else None
+
+
 class LearnerService:
     """Joins outcomes into a replay window and registers a fine-tuned challenger per round."""
 
@@ -620,9 +624,9 @@ class EvaluatorService:
             window=report.window,
             decision=report.decision,
             reason=report.reason,
-            jct_err=round(report.fidelity.jct_err, 4),
-            sla_err=round(report.fidelity.sla_err, 4),
-            own_jct_err=round(report.own_fidelity.jct_err, 4) if report.own_fidelity else None,
+            jct_err=_rounded(report.fidelity.jct_err),
+            sla_err=_rounded(report.fidelity.sla_err),
+            own_jct_err=_rounded(report.own_fidelity.jct_err) if report.own_fidelity else None,
         )
 
     def _act(self, action: str, verdict: Any) -> None:

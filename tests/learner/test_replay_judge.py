@@ -3,6 +3,7 @@ small calibrated replay (common random numbers, fidelity, the unreliable verdict
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import numpy as np
@@ -433,6 +434,21 @@ def test_a_window_measured_for_fidelity_only_is_refused_as_any_other() -> None:
     assert bad.decision == UNRELIABLE and "fidelity" in bad.reason
     with pytest.raises(ValueError, match="shared"):  # replayed as served, not alone
         ReplayJudge(cfg, sc).measure(replace(wins[0], elsewhere=frozenset(wins[0].jct_s)), heft)
+
+
+def test_a_window_with_no_observed_end_is_refused_and_reported_as_valid_json() -> None:
+    wins, sc = _recorded(20, 0)
+    heft = lambda s: make_policy("heft_history", s)  # noqa: E731
+    cfg = ReplayJudgeConfig(window_workflows=20, warmup_workflows=0, replays=2,
+                            fidelity_max_jct_err=10.0)  # fmt: skip
+    # closed on two later windows before any of its workflows was seen to end
+    unseen = replace(wins[0], jct_s={}, met={})
+    rep = ReplayJudge(cfg, sc).judge(unseen, heft, heft)
+    assert rep.decision == UNRELIABLE and "no workflow" in rep.reason and not rep.diffs
+    assert rep.fidelity.jct_err is None and rep.fidelity.compared == 0
+    assert json.loads(json.dumps(rep.to_dict(), allow_nan=False))["fidelity"]["jct_err"] is None
+    seen = ReplayJudge(cfg, sc).judge(wins[0], heft, heft).fidelity
+    assert seen.compared == len(wins[0].jct_s) and seen.jct_err is not None
 
 
 def test_fidelity_counts_only_what_the_serving_version_served() -> None:
