@@ -10,10 +10,17 @@ cores and memory). The reward is `sim.reward.decision_reward` on a `TaskOutcome`
 way the simulator builds it: cost in dominant-share core-seconds, the measured transfer and
 compute seconds the end event carries; the Jain index at decision time (with the decision's
 own reservation) comes from the logged observation; the completion term from the stream's
-arrivals, ready instants and workflow ends (`learner.completion`). An attempt with no
-outcome after `timeout_s` gets the default outcome: failed, cost at demand. The joined
-attempts are what `learner.online.finetune_heads` trains on and what the evaluator's
-`WorkflowOutcomes` judges.
+arrivals, ready instants and workflow ends (`learner.completion`). The joined attempts are
+what `learner.online.finetune_heads` trains on and what the evaluator's `WorkflowOutcomes`
+judges.
+
+An attempt whose end never comes (a lost event, a node gone without a word) gets the default
+outcome, failed and cost at demand, once nothing has been heard of it for `timeout_s` on the
+job queue's clock (the latest event time seen), not the wall's: a replay plays that clock
+faster than real time, or stands it still. An attempt waits in a node's queue or runs for
+as long as its work takes, so while its node keeps sending heartbeats it is not lost. One
+the job queue asked for again before it started (its node crashed while it waited, or the
+decision named a node already gone) never ran: it is dropped, not counted as a failure.
 """
 
 from __future__ import annotations
@@ -33,7 +40,9 @@ from dagsched.schemas.messages import (
     DecisionBatchMsg,
     DecisionLogMsg,
     DecisionMsg,
+    NodeDownMsg,
     NodeHeartbeatMsg,
+    NodeUpMsg,
     TaskFailedMsg,
     TaskFinishedMsg,
     TaskReadyMsg,
@@ -79,13 +88,20 @@ class Joined:
         )
 
 
+# attempts kept waiting for their other half; past this the oldest are given up (a stream
+# that loses many events must not grow the joiner without bound)
+MAX_PENDING = 200_000
+
+
 @dataclass
 class _Pending:
     decision: DecisionMsg | None = None
     log: LoggedDecision | None = None
     started_at: float | None = None
     ended: TaskFinishedMsg | TaskFailedMsg | None = None
-    seen_wall: float = 0.0
+    seen_wall: float = 0.0  # wall time first seen: how long to wait for the decision log
+    heard_at: float | None = None  # job-queue time of the latest word of it (None: no clock yet)
+    superseded: bool = False  # the job queue asked for a later attempt of the task
 
 
 @dataclass
@@ -110,9 +126,15 @@ class OutcomeJoiner:
     last_node: dict[str, str] = field(default_factory=dict)
     waiting: dict[str, set[Key]] = field(default_factory=dict)  # workflow id -> keys
     time_in_system: TimeInSystem = field(default_factory=TimeInSystem)
+    clock: float | None = None  # the job queue's: the latest event time seen
+    heard_from: dict[str, float] = field(default_factory=dict)  # node -> its latest heartbeat
 
     def add(self, msg: Any, now: float) -> list[Joined]:
         """Take one decoded message (seen at wall time `now`); return what it completes."""
+        at = getattr(msg, "at", None)
+        # the events' own clock: requests may be read ahead of the events they follow
+        if at is not None and not isinstance(msg, TaskReadyMsg):
+            self.clock = at if self.clock is None else max(self.clock, at)
         if isinstance(msg, WorkflowMsg):
             wf = to_workflow(msg, self.max_dag_tasks)
             finish = downward_finish_s(wf)
@@ -128,17 +150,26 @@ class OutcomeJoiner:
         if isinstance(msg, NodeHeartbeatMsg):
             self.cores[msg.node] = msg.cores
             self.mem_gb[msg.node] = msg.mem_gb
+            self.heard_from[msg.node] = msg.at
+            return []
+        if isinstance(msg, NodeDownMsg):
+            self.heard_from.pop(msg.node, None)  # what it held is heard of by its own events
+            return []
+        if isinstance(msg, NodeUpMsg):
+            self.heard_from[msg.node] = msg.at
             return []
         if isinstance(msg, TaskReadyMsg):
+            task = f"{msg.workflow_id}/{msg.task}"
             if msg.at is not None:
-                self.time_in_system.ready((f"{msg.workflow_id}/{msg.task}", msg.attempt), msg.at)
+                self.time_in_system.ready((task, msg.attempt), msg.at)
+            self._supersede(task, msg.attempt)
             return []
         if isinstance(msg, DecisionLogMsg | DecisionBatchMsg):
             done: list[Joined] = []
             for entry in logged(msg):
                 p = self.pending.get(entry.key)
                 if p is None:
-                    p = self.pending[entry.key] = _Pending(seen_wall=now)
+                    p = self.pending[entry.key] = _Pending(seen_wall=now, heard_at=self.clock)
                 p.log = p.log or entry
                 done += self._try(entry.key, p, now)
             return done
@@ -148,8 +179,10 @@ class OutcomeJoiner:
         p = self.pending.get(key)
         if p is None:
             p = self.pending[key] = _Pending(seen_wall=now)
+        p.heard_at = self.clock
         if isinstance(msg, DecisionMsg):
             p.decision = p.decision or msg
+            self._supersede(key[0], msg.attempt)
         elif isinstance(msg, TaskStartedMsg):
             p.started_at = msg.at
         else:
@@ -169,19 +202,51 @@ class OutcomeJoiner:
         ):
             tis.failed(msg.workflow_id, msg.at)
 
+    def _supersede(self, task: str, attempt: int) -> None:
+        """The job queue asks for `attempt` of `task`: the earlier attempts not yet ended are
+        done with (one that never started is dropped when it times out)."""
+        for a in range(attempt):
+            p = self.pending.get((task, a))
+            if p is not None and p.ended is None:
+                p.superseded = True
+
     def expire(self, now: float) -> list[Joined]:
-        """Default outcomes for decided attempts that have not reported for `timeout_s`."""
+        """Default outcomes for decided attempts not heard of for `timeout_s` of the job
+        queue's clock, counting the heartbeats of their node while it is up and the
+        attempt is not superseded; a superseded one that never started is dropped. `now`
+        (the wall) times the wait for a decision log that never comes."""
         out: list[Joined] = []
+        clock = self.clock
+        over = len(self.pending) - MAX_PENDING
         for key, p in list(self.pending.items()):
-            if now - p.seen_wall < self.timeout_s:
+            if over > 0:  # the oldest first (insertion order)
+                over -= 1
+            elif not self._lost(p, clock, now):
                 continue
-            if p.decision is not None:
-                self.waiting.pop(p.decision.workflow_id, None)
-            if p.decision is not None and p.decision.workflow_id in self.workflows:
+            d = p.decision
+            if d is not None:
+                self.waiting.pop(d.workflow_id, None)
+            never_ran = p.superseded and p.started_at is None and p.ended is None
+            if d is not None and d.workflow_id in self.workflows and not never_ran:
                 # an outcome whose decision log never came is still an outcome
                 out.append(self._join(key, p, default=p.ended is None))
             del self.pending[key]
         return out
+
+    def _lost(self, p: _Pending, clock: float | None, now: float) -> bool:
+        if p.decision is not None and p.ended is not None:
+            # joined by `_try` once its log comes; this long without it, joined without
+            return now - p.seen_wall >= self.timeout_s
+        if clock is None:
+            return False
+        if p.heard_at is None:
+            p.heard_at = clock  # first seen before any event carried the time
+            return False
+        last = p.heard_at
+        d = p.decision
+        if d is not None and not p.superseded:
+            last = max(last, self.heard_from.get(d.node, last))  # its node is up
+        return clock - last >= self.timeout_s
 
     def _try(self, key: Key, p: _Pending, now: float) -> list[Joined]:
         d = p.decision

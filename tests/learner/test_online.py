@@ -160,15 +160,59 @@ def test_join_uses_the_simulator_reward(transitions: list[Joined]) -> None:
     assert not j.on_time and j.arm == "champion" and j.version == "v1"
 
 
+def _heartbeat(node: str, at: float) -> NodeHeartbeatMsg:
+    return NodeHeartbeatMsg(node=node, at=at, kind="cpu", zone=0, cores=16, mem_gb=64)
+
+
 def test_unreported_attempt_gets_the_default_outcome() -> None:
     joiner = OutcomeJoiner(RewardWeights(), timeout_s=60)
     msgs = _messages({})[:3]  # workflow, heartbeat, decision: never started or finished
     for m in msgs:
         assert joiner.add(m, now=0.0) == []
-    assert joiner.expire(now=30.0) == []
-    (j,) = joiner.expire(now=61.0)
+    # the wall moving on is no evidence of loss: the job queue's clock has not
+    assert joiner.expire(now=1e6) == []
+    joiner.add(_heartbeat("n1", 30.0), now=0.0)  # another node; n0 has gone silent
+    assert joiner.expire(now=0.0) == []
+    joiner.add(_heartbeat("n1", 61.0), now=0.0)
+    (j,) = joiner.expire(now=0.0)
     assert j.failed and j.defaulted and not j.trainable
     assert joiner.pending == {}
+
+
+def test_an_attempt_on_a_live_node_waits_for_its_end_however_long_it_takes() -> None:
+    joiner = OutcomeJoiner(RewardWeights(), timeout_s=60)
+    joiner.wait_for_log = False
+    wf, hb, dec = _messages({})[:3]
+    for m in (wf, hb, dec, TaskStartedMsg(workflow_id="wf-1", task=0, attempt=0, node="n0",
+                                          at=0.0)):  # fmt: skip
+        joiner.add(m, now=0.0)
+    for t in range(30, 3600, 30):  # an hour of the node's heartbeats while it runs
+        joiner.add(_heartbeat("n0", float(t)), now=float(t))
+        assert joiner.expire(now=float(t)) == []
+    end = TaskFinishedMsg(workflow_id="wf-1", task=0, attempt=0, node="n0", at=3600.0)
+    (j,) = joiner.add(end, now=3600.0)
+    assert not j.failed and not j.defaulted and j.end_at == 3600.0
+
+
+def test_an_attempt_asked_again_before_it_started_is_dropped_not_failed() -> None:
+    joiner = OutcomeJoiner(RewardWeights(), timeout_s=60)
+    joiner.wait_for_log = False
+    wf, hb, dec = _messages({})[:3]
+    for m in (wf, hb, dec):
+        joiner.add(m, now=0.0)
+    # its node crashed while it was queued there: the job queue asks for attempt 1
+    again = dec.model_copy(update={"attempt": 1, "node": "n1"})
+    joiner.add(_heartbeat("n1", 5.0), now=0.0)
+    joiner.add(again, now=0.0)
+    joiner.add(TaskStartedMsg(workflow_id="wf-1", task=0, attempt=1, node="n1", at=10.0), 0.0)
+    for t in (40.0, 70.0, 100.0):
+        joiner.add(_heartbeat("n0", t), now=0.0)  # n0 came back: no word of attempt 0
+        joiner.add(_heartbeat("n1", t), now=0.0)
+        assert joiner.expire(now=0.0) == []
+    assert list(joiner.pending) == [("wf-1/0", 1)]  # attempt 0 dropped, not a failure
+    end = TaskFinishedMsg(workflow_id="wf-1", task=0, attempt=1, node="n1", at=120.0)
+    (j,) = joiner.add(end, now=0.0)
+    assert j.key == ("wf-1/0", 1) and not j.failed
 
 
 def test_failure_event_is_a_failed_outcome() -> None:
