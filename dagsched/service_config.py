@@ -233,7 +233,9 @@ class LearnerSettings(_Strict):
     group_id: str = "dagsched-learner"
     every_n_tasks: int = Field(default=1000, ge=1)
     window: int = Field(default=5000, ge=1)  # replay window: the most recent transitions
-    outcome_timeout_s: float = Field(default=600.0, gt=0)  # then the default outcome
+    # job-queue seconds without word of an attempt, its node's heartbeats included: then the
+    # default outcome
+    outcome_timeout_s: float = Field(default=600.0, gt=0)
     learning_rate: float = Field(default=1e-4, gt=0)
     clip_coef: float = Field(default=0.2, gt=0)
     ent_coef: float = Field(default=0.0, ge=0)
