@@ -7,14 +7,13 @@ against itself with its memory reservation moved by `--mem` in logit space. Prin
 on the whole run (hidden truth), and per window the observed and replayed mean JCT and SLA,
 the restart cost the recorder had estimated, the verdict and the replayed gain.
 
-The recorder's windows are all taken when the run ends, so every window sees the last
-estimate of the restart; online, a window closes as soon as its workflows end, and sees
-only the retries that had ended by then.
+By default the recorder's windows are all taken when the run ends, so every window sees the
+last estimate of the restart; `--as-they-close` closes each as soon as its workflows end, as
+the evaluator does, with only the retries that had ended by then.
 
     .venv/bin/python experiments/demo_world.py [--workflows 200] [--shift-at 0.25]
         [--nodes-per-kind 8] [--load L] [--restart-s 3600] [--mem-spread 1] [--warmup N]
-        [--replays K]
-        [--mem 0.4]
+        [--replays K] [--mem 0.4] [--as-they-close]
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ import argparse
 import time
 from dataclasses import replace
 
-import numpy as np
 import torch
 
 from dagsched.learner.replay_feed import record_run
@@ -49,6 +47,11 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, help="default: the demo profile's")
     ap.add_argument("--replays", type=int, help="default: the demo profile's")
     ap.add_argument("--mem", type=float, default=0.4, help="the variant's memory shift (logit)")
+    ap.add_argument(
+        "--as-they-close",
+        action="store_true",
+        help="close each window as soon as it can, with what was known then (as the evaluator)",
+    )
     args = ap.parse_args()
     torch.set_num_threads(1)
     s = load_settings(profile="demo")
@@ -85,7 +88,7 @@ def main() -> None:
     rec = TrafficRecorder.of(cfg)
     windows = record_run(
         lambda arrivals, hook: Simulator(sc, arrivals, seed=0, on_outcome=hook),
-        SchedulerPolicy(champion), rec, iter(wfs),
+        SchedulerPolicy(champion), rec, iter(wfs), as_they_close=args.as_they_close,
     )  # fmt: skip
     judge = ReplayJudge(cfg, sc)
     for w in windows:
@@ -93,13 +96,14 @@ def main() -> None:
         r = judge.judge(
             w, lambda _s: SchedulerPolicy(champion), lambda _s: SchedulerPolicy(variant)
         )
-        replayed = np.mean([c["mean_jct_s"] for c in r.champion])
-        replayed_sla = np.mean([c["sla"] for c in r.champion])
+        f = r.own_fidelity
+        assert f is not None
+        cut = f" ({f.censored} still running, JCT cut at the close)" if f.censored else ""
         gain = r.gain["jct"]
         print(
-            f"window {w.index}: observed {w.mean_jct_s:,.0f} s, SLA {w.sla:.2f}; replayed "
-            f"{replayed:,.0f} s, SLA {replayed_sla:.2f}; restart estimated "
-            f"{w.oom_restart_s:,.0f} s; "
+            f"window {w.index}: observed {f.observed_jct_s:,.0f} s, SLA {f.observed_sla:.2f};"
+            f" replayed {f.predicted_jct_s:,.0f} s, SLA {f.predicted_sla:.2f}{cut}; restart"
+            f" estimated {w.oom_restart_s:,.0f} s; "
             f"{r.decision} ({r.reason}); replayed JCT gain "
             f"{'-' if gain is None else f'{gain:+.1%}'} ({time.perf_counter() - t0:.0f} s)",
             flush=True,

@@ -20,7 +20,8 @@ history, the fault rates and the OOM restart time that the events revealed.
   slice, against what the window really did: the relative error of mean JCT over the
   workflows the serving version served, pooled over the latest `fidelity_windows` windows
   by `FidelityPool`; above `fidelity_max_jct_err` the verdict is `unreliable` and nothing
-  is added), then feeds the K per-replay differences to the paired mSPRT
+  is added; a window that closed before all its workflows ended is compared on JCT cut at
+  its close, `fidelity_of`), then feeds the K per-replay differences to the paired mSPRT
   (`sequential.PairedTest`). `ReplayJudge.measure` replays a window no test is fed with
   as it was served, for fidelity only. Windows do not overlap, so
   no replay is counted twice. The K replays of one window share its workflows: by default
@@ -166,6 +167,17 @@ class ObservedWindow:
     # the workflows in flight when the first warm-up workflow arrived, cut to the tasks not
     # finished then and arriving then (`remainder`): the work the cluster already held
     carried: list[Workflow] = field(default_factory=list)
+    # job-queue time the window closed: a workflow not ended by then had run at least this
+    # long since its arrival (None: not known)
+    closed_s: float | None = None
+
+    def cuts(self) -> dict[str, float] | None:
+        """When the window closed before all its workflows ended: how long each of them had
+        been in the system at the close (what its JCT is cut at); else None."""
+        closed = self.closed_s
+        if closed is None or all(w.id in self.jct_s for w in self.workflows):
+            return None
+        return {w.id: max(0.0, closed - w.arrival_s) for w in self.workflows}
 
     @property
     def mean_jct_s(self) -> float:
@@ -503,6 +515,7 @@ class TrafficRecorder:
             ),
             after=after,
             carried=self._carried.pop(w.index, []),
+            closed_s=self.last_s,
         )
         needed = {x.id for x in self._tail} | set(self.order)
         for o in self.open:
@@ -527,7 +540,9 @@ class Fidelity:
     observed_sla: float
     predicted_sla: float
     sla_err: float | None  # absolute, in SLA points
-    compared: int = 0  # workflows both observed to end and replayed
+    compared: int = 0  # workflows compared on JCT
+    # of them, still running when their window closed (JCT cut at the close on both sides)
+    censored: int = 0
 
     def off_by_more_than(self, limit: float) -> bool:
         """Whether the replay is not to be trusted: off by more than `limit` of mean JCT,
@@ -635,31 +650,51 @@ def paired_diffs(champion: ReplayResult, challenger: ReplayResult) -> dict[str, 
 def fidelity_of(
     observed: list[tuple[ObservedWindow, list[ReplayResult]]],
 ) -> Fidelity:
-    """The serving version's replays against what its windows really did (mean JCT and SLA
-    over the workflows it served that were observed to end, every window's together)."""
+    """The serving version's replays against what its windows really did: mean JCT and SLA
+    over the workflows it served, every window's together.
+
+    A window that closed before all its workflows ended (two later windows filled) has
+    observed only the ones that ended early, the fast ones; compared with their replays, it
+    would call the replay slow. Such a window is compared on JCT cut at its close
+    (`ObservedWindow.cuts`), observed and replayed alike: a workflow still running counts
+    the time it had been in the system (its arm is not known yet: it is replayed as the
+    serving version's), and every replayed JCT is cut at the same time. SLA is compared over
+    the workflows that ended."""
     o_j, o_m, p_j, p_m = [], [], [], []
+    censored = 0
     for obs, replays in observed:
-        for i, jct in obs.jct_s.items():
+        cuts = obs.cuts()
+        for wf in obs.workflows:
+            i = wf.id
             if i in obs.elsewhere:
                 continue
             got = [r.jct_s[i] for r in replays if i in r.jct_s]
-            if got:
-                o_j.append(jct)
+            cut = cuts[i] if cuts is not None else None
+            if not got or (i not in obs.jct_s and cut is None):
+                continue
+            if i in obs.jct_s:
+                o_j.append(obs.jct_s[i] if cut is None else min(obs.jct_s[i], cut))
                 o_m.append(obs.met[i])
-                p_j.append(float(np.mean(got)))
                 p_m.append(float(np.mean([r.met[i] for r in replays if i in r.met])))
+            else:
+                assert cut is not None
+                o_j.append(cut)
+                censored += 1
+            p_j.append(float(np.mean([x if cut is None else min(x, cut) for x in got])))
     if not o_j:
         return Fidelity(0.0, 0.0, None, 0.0, 0.0, None)
-    o_jct, o_sla = float(np.mean(o_j)), float(np.mean(o_m))
-    pred_jct, pred_sla = float(np.mean(p_j)), float(np.mean(p_m))
+    o_jct, pred_jct = float(np.mean(o_j)), float(np.mean(p_j))
+    o_sla = float(np.mean(o_m)) if o_m else 0.0
+    pred_sla = float(np.mean(p_m)) if p_m else 0.0
     return Fidelity(
         o_jct,
         pred_jct,
         abs(pred_jct - o_jct) / o_jct if o_jct > 0 else None,
         o_sla,
         pred_sla,
-        abs(pred_sla - o_sla),
+        abs(pred_sla - o_sla) if o_m else None,
         len(o_j),
+        censored,
     )
 
 

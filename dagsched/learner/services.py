@@ -624,6 +624,8 @@ class EvaluatorService:
             window=report.window,
             decision=report.decision,
             reason=report.reason,
+            observed_jct_s=round(report.fidelity.observed_jct_s, 1),
+            predicted_jct_s=round(report.fidelity.predicted_jct_s, 1),
             jct_err=_rounded(report.fidelity.jct_err),
             sla_err=_rounded(report.fidelity.sla_err),
             own_jct_err=_rounded(report.own_fidelity.jct_err) if report.own_fidelity else None,

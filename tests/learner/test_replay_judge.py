@@ -441,14 +441,42 @@ def test_a_window_with_no_observed_end_is_refused_and_reported_as_valid_json() -
     heft = lambda s: make_policy("heft_history", s)  # noqa: E731
     cfg = ReplayJudgeConfig(window_workflows=20, warmup_workflows=0, replays=2,
                             fidelity_max_jct_err=10.0)  # fmt: skip
-    # closed on two later windows before any of its workflows was seen to end
-    unseen = replace(wins[0], jct_s={}, met={})
+    # no workflow of it seen to end, and no time known to cut the others at
+    unseen = replace(wins[0], jct_s={}, met={}, closed_s=None)
     rep = ReplayJudge(cfg, sc).judge(unseen, heft, heft)
     assert rep.decision == UNRELIABLE and "no workflow" in rep.reason and not rep.diffs
     assert rep.fidelity.jct_err is None and rep.fidelity.compared == 0
     assert json.loads(json.dumps(rep.to_dict(), allow_nan=False))["fidelity"]["jct_err"] is None
     seen = ReplayJudge(cfg, sc).judge(wins[0], heft, heft).fidelity
     assert seen.compared == len(wins[0].jct_s) and seen.jct_err is not None
+
+
+def test_a_window_closed_before_its_workflows_ended_is_compared_on_jct_cut_at_the_close() -> None:
+    wins, _ = _recorded(20, 0)
+    obs = wins[0]
+    wfs = obs.workflows
+    rng = np.random.default_rng(0)
+    true = {w.id: float(j) for w, j in zip(wfs, rng.uniform(500, 1500, len(wfs)), strict=True)}
+    # replays as faithful as they come: every workflow's JCT drawn as the truth was, not
+    # the truth itself (a replay cannot know which workflows were lucky)
+    replays = [
+        ReplayResult(jct_s={w.id: float(rng.uniform(500, 1500)) for w in wfs},
+                     met={w.id: True for w in wfs})
+        for _ in range(64)
+    ]  # fmt: skip
+    full = replace(obs, jct_s=true, met={i: True for i in true}, elsewhere=frozenset())
+    assert full.cuts() is None
+    assert fidelity_of([(full, replays)]).jct_err < 0.15
+    # closed when only the fast half had ended
+    closed_s = float(np.median([w.arrival_s + true[w.id] for w in wfs]))
+    ended = {w.id: true[w.id] for w in wfs if w.arrival_s + true[w.id] <= closed_s}
+    early = replace(full, jct_s=ended, met={i: True for i in ended}, closed_s=closed_s)
+    f = fidelity_of([(early, replays)])
+    assert f.censored == len(wfs) - len(ended) > 0 and f.compared == len(wfs)
+    assert f.jct_err is not None and f.jct_err < 0.15
+    # what comparing the ended ones alone would say: the replay far too slow
+    alone = replace(early, closed_s=None)
+    assert fidelity_of([(alone, replays)]).jct_err > 0.25
 
 
 def test_fidelity_counts_only_what_the_serving_version_served() -> None:
