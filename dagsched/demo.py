@@ -21,6 +21,7 @@ learner's fine-tuning and registry calls run in worker threads, as they do in th
 from __future__ import annotations
 
 import asyncio
+import math
 import shutil
 import time
 import uuid
@@ -55,7 +56,7 @@ Progress = Callable[[int, int], None]
 class Story:
     """What happened, for the closing story and `--json`."""
 
-    shift_at_s: float
+    shift_at_s: float | None  # None: the world did not shift
     shift: dict[str, Any]
     served_by: str
     replay: dict[str, Any]
@@ -70,10 +71,11 @@ class Story:
 
     def sla(self, before: bool | None = None, arm: str | None = None) -> tuple[float, int]:
         """(SLA attainment, workflows) over those that arrived before/after the shift."""
+        at = self.shift_at_s if self.shift_at_s is not None else math.inf
         chosen = [
             o
             for o in self.outcomes
-            if (before is None or (o.arrival_s < self.shift_at_s) == before)
+            if (before is None or (o.arrival_s < at) == before)
             and (arm is None or o.arm == arm)
         ]
         return (sum(o.met_deadline for o in chosen) / len(chosen) if chosen else 0.0), len(chosen)
@@ -180,8 +182,8 @@ async def run_demo(
     workflow at `shift_share` of the workload); returns the story. `wait_for_loop`:
     simulated time stands still while the learner or the judge works (`TimeStandsStill`)."""
     s = demo_settings(settings)
-    shift_at = arrival_at(s, workflows, seed, shift_share) if shift else float("inf")
-    shift_cfg = demo_shift(s, shift_at) if shift else None
+    shift_at = arrival_at(s, workflows, seed, shift_share) if shift else None
+    shift_cfg = demo_shift(s, shift_at) if shift_at is not None else None
     s = s.model_copy(update={"sim": replace(s.sim, shift=shift_cfg)})
     reg = Registry(s)
     champion = await asyncio.to_thread(reg.ensure_champion)

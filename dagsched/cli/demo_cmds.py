@@ -47,7 +47,7 @@ def demo_cmd(
         story = asyncio.run(
             run_demo(settings, workflows, seed, shift, progress, shift_at, wait_for_loop)
         )
-    context = heuristic_context(settings, workflows, story.shift_at_s if shift else None, seed)
+    context = heuristic_context(settings, workflows, story.shift_at_s, seed)
     doc = story.to_dict()
     if as_json:
         doc["heuristics_in_simulator"] = context
