@@ -54,7 +54,7 @@ class LoopSlice(AsServed):
     before."""
 
     def __init__(self, main: Policy, other: Policy, others: frozenset[str], from_s: float) -> None:
-        super().__init__(main, other, others)
+        super().__init__(main, dict.fromkeys(others, other))
         self.from_s = from_s
 
     def decide(self, sim: Simulator, ready: list[TaskRun]) -> list[Decision]:
@@ -106,8 +106,8 @@ class LoopRun:
 
     def as_recorded(self) -> AsServed:
         """The run as the judge replays it: the challenger on `others`."""
-        return AsServed(SchedulerPolicy(self.champion), SchedulerPolicy(self.challenger),
-                        self.others)  # fmt: skip
+        challenger = SchedulerPolicy(self.challenger)
+        return AsServed(SchedulerPolicy(self.champion), dict.fromkeys(self.others, challenger))
 
 
 def main() -> None:

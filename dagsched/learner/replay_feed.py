@@ -178,11 +178,18 @@ class SimFeed:
         if not o.failed:
             self.recorder.task_finished(t.run.wf.id, t.idx)
 
-    def workflow_ended(self, wf: Workflow, now: float, failed: bool, served: bool = True) -> None:
+    def workflow_ended(
+        self,
+        wf: Workflow,
+        now: float,
+        failed: bool,
+        served: bool = True,
+        version: str | None = None,
+    ) -> None:
         """A workflow finished, or ran out of retries, at `now`; `served`: by the serving
-        version."""
+        version; `version`: the model version that served it."""
         met = not failed and now <= wf.arrival_s + wf.deadline_s + 1e-9
-        self.recorder.ended(wf.id, now - wf.arrival_s, met, served)
+        self.recorder.ended(wf.id, now - wf.arrival_s, met, served, version)
 
     def sync(self) -> None:
         """Fault counts as the events would have told them: task failures other than OOM

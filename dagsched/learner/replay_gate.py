@@ -46,15 +46,17 @@ from dagsched.learner.replay_judge import (
 from dagsched.learner.sequential import Verdict
 from dagsched.settings import Settings
 from dagsched.sim.config import ScenarioConfig
-from dagsched.sim.replay_world import PolicyFactory
+from dagsched.sim.replay_world import PolicyFactory, as_served
 from dagsched.sim.snapshot import SchedulerPolicy
 
 Pair = tuple[str, str]  # (champion, challenger) version ids, "v3"
 
 
 def record_end(recorder: TrafficRecorder, sample: Sample) -> None:
-    """A finished (or failed) workflow's sample, as its window's recorder keeps it."""
-    recorder.ended(sample.workflow_id, sample.jct_s, sample.sla >= 1.0, sample.serving)
+    """A finished (or failed) workflow's sample, as its window's recorder keeps it (with
+    the model version that served it; the fallback heuristic is none)."""
+    version = sample.version if sample.arm != "fallback" else None
+    recorder.ended(sample.workflow_id, sample.jct_s, sample.sla >= 1.0, sample.serving, version)
 
 
 class Job(NamedTuple):
@@ -112,6 +114,7 @@ class ReplayGate(Generic[F]):
         self.skipped = 0  # closed windows not judged: no pair, not fresh, or judging fell behind
         self.fresh_from = 0  # the first window the pair under test may be judged on
         self._schedulers: dict[str, Scheduler] = {}
+        self._factories: dict[str, PolicyFactory] = {}
 
     @staticmethod
     def on_wire(settings: Settings, load: Callable[[str], Scheduler]) -> ReplayGate[MessageFeed]:
@@ -143,6 +146,7 @@ class ReplayGate(Generic[F]):
         self.waiting = deque(maxlen=MAX_WAITING)
         keep = {*(pair or ()), champion}
         self._schedulers = {v: s for v, s in self._schedulers.items() if v in keep}
+        self._factories = {v: f for v, f in self._factories.items() if v in keep}
 
     # -- judging ------------------------------------------------------------------------------
 
@@ -177,10 +181,22 @@ class ReplayGate(Generic[F]):
         when `job` is not judged (blocking: run it in a worker thread)."""
         champion = self._policy(job.champion)
         other = self._policy(job.challenger) if job.challenger is not None else None
+        served = self._as_served(obs, job.champion)
         if not job.judged:
-            return judge.measure(obs, champion, other)
+            return judge.measure(obs, champion, other, served)
         assert other is not None
-        return judge.judge(obs, champion, other)
+        return judge.judge(obs, champion, other, served)
+
+    def _as_served(self, obs: ObservedWindow, champion: str) -> PolicyFactory | None:
+        """`obs`'s traffic as it was served, when a version other than `champion` served
+        some of it (a challenger's slice, or the champion before a promotion): each of its
+        workflows by the version that served it. None when `champion` served it all."""
+        others = {i: v for i, v in obs.served_by.items() if v != champion}
+        if not others:
+            return None
+        return as_served(
+            self._policy(champion), {i: self._policy(v) for i, v in others.items()}
+        )
 
     def take(self, report: WindowReport, job: Job) -> str | None:
         """A judged window's report: "retire" when the replay says so, None otherwise (a win
@@ -207,10 +223,14 @@ class ReplayGate(Generic[F]):
         return replay_verdict(report, canary.verdict.reason)
 
     def _policy(self, version: str) -> PolicyFactory:
-        sched = self._schedulers.get(version)
-        if sched is None:
-            sched = self._schedulers[version] = self.load(version.removeprefix("v"))
-        return lambda _seed: SchedulerPolicy(sched, version)
+        """One factory per version, so that a replay as served makes one policy of each."""
+        got = self._factories.get(version)
+        if got is None:
+            sched = self._schedulers.get(version)
+            if sched is None:
+                sched = self._schedulers[version] = self.load(version.removeprefix("v"))
+            got = self._factories[version] = lambda _seed: SchedulerPolicy(sched, version)
+        return got
 
 
 def replay_verdict(report: WindowReport, canary: str = "") -> Verdict:

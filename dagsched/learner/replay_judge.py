@@ -170,6 +170,9 @@ class ObservedWindow:
     # job-queue time the window closed: a workflow not ended by then had run at least this
     # long since its arrival (None: not known)
     closed_s: float | None = None
+    # the model version that served each workflow of the replay that had ended by the close
+    # (counted, warm-up or later), where known: what a replay as served plays it with
+    served_by: dict[str, str] = field(default_factory=dict)
 
     def cuts(self) -> dict[str, float] | None:
         """When the window closed before all its workflows ended: how long each of them had
@@ -238,6 +241,7 @@ class TrafficRecorder:
         self.jct_s: dict[str, float] = {}
         self.met: dict[str, bool] = {}
         self.elsewhere: set[str] = set()  # ended workflows another version served
+        self.version_of: dict[str, str] = {}  # ended workflows: the version that served it
         self.nodes: dict[str, NodeSpec] = {}
         self.open: list[_Open] = []
         self._tail: list[Workflow] = []  # the last `warmup` arrivals before the next window
@@ -371,10 +375,18 @@ class TrafficRecorder:
         against it)."""
         self._clock(at_s)
 
-    def ended(self, workflow_id: str, jct_s: float, met: bool, served: bool = True) -> None:
+    def ended(
+        self,
+        workflow_id: str,
+        jct_s: float,
+        met: bool,
+        served: bool = True,
+        version: str | None = None,
+    ) -> None:
         """A workflow finished (or failed) after `jct_s` seconds; `served`: by the serving
-        version (not a challenger's or the exploration slice). A workflow no open or coming
-        window holds (its window closed without it) is not kept."""
+        version (not a challenger's or the exploration slice); `version`: the model version
+        that served it, when one did. A workflow no open or coming window holds (its window
+        closed without it) is not kept."""
         self._in_flight.pop(workflow_id, None)
         if workflow_id not in self.arrived:
             return
@@ -382,6 +394,8 @@ class TrafficRecorder:
         self.met[workflow_id] = met
         if not served:
             self.elsewhere.add(workflow_id)
+        if version is not None:
+            self.version_of[workflow_id] = version
 
     def _clock(self, at_s: float) -> None:
         if self.first_s is None:
@@ -516,6 +530,11 @@ class TrafficRecorder:
             after=after,
             carried=self._carried.pop(w.index, []),
             closed_s=self.last_s,
+            served_by={
+                i: self.version_of[i]
+                for i in [*w.ids, *(x.id for x in [*w.warmup, *after])]
+                if i in self.version_of
+            },
         )
         needed = {x.id for x in self._tail} | set(self.order)
         for o in self.open:
@@ -524,6 +543,7 @@ class TrafficRecorder:
             if i not in needed:
                 self.arrived.pop(i, None)
                 self.elsewhere.discard(i)  # no later window replays it
+                self.version_of.pop(i, None)
         for i in w.ids:
             self.jct_s.pop(i, None)
             self.met.pop(i, None)
@@ -733,24 +753,25 @@ class ReplayJudge:
         return out
 
     def judge(
-        self, obs: ObservedWindow, champion: PolicyFactory, challenger: PolicyFactory
+        self,
+        obs: ObservedWindow,
+        champion: PolicyFactory,
+        challenger: PolicyFactory,
+        served: PolicyFactory | None = None,
     ) -> WindowReport:
-        """Replay `obs` for both versions (the champion is the one that served it: its
-        replays measure fidelity too) and update the test."""
+        """Replay `obs` for both versions and update the test. Fidelity is measured on the
+        window replayed as it was served: `served` when another version served some of its
+        workflows (`learner.replay_gate` maps each to the version that served it), else the
+        champion's own replays (`_unversioned`: a window recorded without versions)."""
         world = obs.world(self.base)
         base = self.replay(world, champion, obs.index)
-        # what served the window: the champion alone, or with the challenger on its slice
-        served = (
-            self.replay(
-                world,
-                as_served(champion, challenger, obs.elsewhere),
-                obs.index,
-                self.cfg.fidelity_replays,
-            )
-            if obs.elsewhere
+        served = served or _unversioned(obs, champion, challenger)
+        as_it_was = (
+            self.replay(world, served, obs.index, self.cfg.fidelity_replays)
+            if served is not None
             else base
         )
-        report = self._with_fidelity(obs, served, base)
+        report = self._with_fidelity(obs, as_it_was, base)
         if report.decision == UNRELIABLE:
             self.reports.append(report)
             return report
@@ -764,18 +785,21 @@ class ReplayJudge:
         return report
 
     def measure(
-        self, obs: ObservedWindow, champion: PolicyFactory, other: PolicyFactory | None = None
+        self,
+        obs: ObservedWindow,
+        champion: PolicyFactory,
+        other: PolicyFactory | None = None,
+        served: PolicyFactory | None = None,
     ) -> WindowReport:
-        """Replay `obs` as it was served, for fidelity only (no test is fed): by the
-        champion, and by `other` on the workflows another version served (`elsewhere`: a
-        window that began before the challenger under test came). `MEASURED`, or
-        `UNRELIABLE` while the pooled fidelity is off."""
-        if obs.elsewhere and other is None:
-            raise ValueError("a window another version shared is measured as it was served")
-        policy = as_served(champion, other, obs.elsewhere) if other is not None else champion
+        """Replay `obs` as it was served, for fidelity only (no test is fed): as `served`
+        (each workflow by the version that served it), or by the champion, and by `other`
+        on the workflows another version served (`elsewhere`: a window that began before
+        the challenger under test came). `MEASURED`, or `UNRELIABLE` while the pooled
+        fidelity is off."""
+        served = served or _unversioned(obs, champion, other)
         n = self.cfg.fidelity_replays
-        served = self.replay(obs.world(self.base), policy, obs.index, n)
-        report = self._with_fidelity(obs, served, served if other is None else [])
+        got = self.replay(obs.world(self.base), served or champion, obs.index, n)
+        report = self._with_fidelity(obs, got, got if served is None else [])
         if report.decision != UNRELIABLE:
             report.decision, report.reason = MEASURED, "fidelity only: no test judges it"
         self.reports.append(report)
@@ -796,6 +820,19 @@ class ReplayJudge:
                 f"replay fidelity: {fid.describe()} (limit {self.cfg.fidelity_max_jct_err:.0%})"
             )
         return report
+
+
+def _unversioned(
+    obs: ObservedWindow, champion: PolicyFactory, other: PolicyFactory | None
+) -> PolicyFactory | None:
+    """A window recorded without the versions that served it, as served: the champion, and
+    `other` on the workflows another version served (`elsewhere`); None when the champion
+    served them all, or when the versions are known (`served_by`: the caller maps them)."""
+    if obs.served_by or not obs.elsewhere:
+        return None
+    if other is None:
+        raise ValueError("a window another version shared is measured as it was served")
+    return as_served(champion, dict.fromkeys(obs.elsewhere, other))
 
 
 def statistics(report: WindowReport) -> dict[str, Any]:

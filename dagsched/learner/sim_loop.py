@@ -329,7 +329,9 @@ class SimLoop:
         )
         self.samples.append(sample)
         if self.gate is not None:
-            self.gate.feed.workflow_ended(wf, now, wf_failed, served=res.arm == "champion")
+            self.gate.feed.workflow_ended(
+                wf, now, wf_failed, served=res.arm == "champion", version=res.version
+            )
         if self.cfg.learn and res.arm != "explore":
             action = self.judge.add(sample)
             if action is not None:

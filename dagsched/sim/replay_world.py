@@ -189,28 +189,35 @@ PolicyFactory = Callable[[int], Policy]  # a fresh policy for one replay, from i
 
 
 class AsServed:
-    """Two policies sharing one cluster as they did when the traffic was served: the tasks
-    of workflows in `others` are decided by `other`, every other task by `main`. Each
-    decides its share of a batch from the same state, as two daemon arms do."""
+    """Policies sharing one cluster as they did when the traffic was served: the tasks of a
+    workflow in `served_by` are decided by the policy it maps to, every other task by
+    `main`. Each decides its share of a batch from the same state, as daemon arms do."""
 
-    def __init__(self, main: Policy, other: Policy, others: frozenset[str]) -> None:
-        self.main, self.other, self.others = main, other, others
-        self.name = f"{main.name}+{other.name}"
+    def __init__(self, main: Policy, served_by: Mapping[str, Policy]) -> None:
+        self.main, self.served_by = main, served_by
+        names = dict.fromkeys(p.name for p in (main, *served_by.values()))
+        self.name = "+".join(names)
 
     def decide(self, sim: Simulator, ready: list[TaskRun]) -> list[Decision]:
-        theirs = [t for t in ready if t.run.wf.id in self.others]
-        if not theirs:
-            return self.main.decide(sim, ready)
-        mine = [t for t in ready if t.run.wf.id not in self.others]
-        return [
-            *(self.main.decide(sim, mine) if mine else []),
-            *self.other.decide(sim, theirs),
-        ]
+        shares: dict[int, tuple[Policy, list[TaskRun]]] = {id(self.main): (self.main, [])}
+        for t in ready:
+            policy = self.served_by.get(t.run.wf.id, self.main)
+            shares.setdefault(id(policy), (policy, []))[1].append(t)
+        return [d for policy, mine in shares.values() if mine for d in policy.decide(sim, mine)]
 
 
-def as_served(main: PolicyFactory, other: PolicyFactory, others: frozenset[str]) -> PolicyFactory:
-    """A factory of `AsServed` policies over fresh `main` and `other` ones."""
-    return lambda seed: AsServed(main(seed), other(seed), others)
+def as_served(main: PolicyFactory, served_by: Mapping[str, PolicyFactory]) -> PolicyFactory:
+    """A factory of `AsServed` policies: for each seed, one fresh policy per distinct
+    factory, `main`'s for the workflows `served_by` does not name."""
+
+    def make(seed: int) -> Policy:
+        made: dict[int, Policy] = {}
+        for f in served_by.values():
+            if id(f) not in made:
+                made[id(f)] = f(seed)
+        return AsServed(main(seed), {i: made[id(f)] for i, f in served_by.items()})
+
+    return make
 
 
 def play(world: ReplayWorld, policy: Policy, seed: int) -> ReplayResult:

@@ -270,3 +270,25 @@ def test_a_window_that_began_before_the_challenger_is_measured_as_it_was_served(
     same = ReplayJudge(gate.cfg, sc).measure(wins[0], heft, heft)
     assert report.own_fidelity is not None and same.own_fidelity is not None
     assert report.own_fidelity.predicted_jct_s != same.own_fidelity.predicted_jct_s
+
+
+def test_a_window_served_across_a_promotion_is_replayed_with_each_champion() -> None:
+    """The old champion's workflows of a window that straddles a promotion are played by
+    the old champion, not by the new one the window is measured for."""
+    loaded: list[str] = []
+    gate = _gate(loaded)
+    gate.versions("v2", None)  # v2 was promoted while the window's arrivals came
+    sc = gate.base
+    wins = record_run(
+        lambda wfs, hook: Simulator(sc, wfs, seed=4, on_outcome=hook),
+        make_policy("heft_history_srpt", 4), gate.recorder, stream_workflows(sc, 4, 40),
+    )  # fmt: skip
+    w = wins[0]
+    early = {x.id for x in w.workflows[:10]}
+    straddling = replace(w, served_by={i: "v1" if i in early else "v2" for i in w.jct_s})
+    job = Job("v2", None, judged=False)
+    report = gate.judge_window(straddling, job, gate.judge)
+    assert sorted(set(loaded)) == ["1", "2"] and report.decision == MEASURED
+    alone = gate.judge_window(replace(w, served_by={i: "v2" for i in w.jct_s}), job, gate.judge)
+    assert report.own_fidelity is not None and alone.own_fidelity is not None
+    assert report.own_fidelity.predicted_jct_s != alone.own_fidelity.predicted_jct_s

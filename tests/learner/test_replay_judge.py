@@ -506,6 +506,19 @@ def test_the_recorder_keeps_which_warmup_workflows_another_version_served() -> N
     assert [x.id for x in second.warmup] == ["w0", "w1"] and second.elsewhere == {"w1"}
 
 
+def test_the_recorder_keeps_the_version_that_served_each_workflow() -> None:
+    r = TrafficRecorder(window_workflows=2, warmup_workflows=2)
+    for i in range(4):
+        r.workflow(_wf(i))
+        r.snapshot({})
+    for i, v in enumerate(["v1", "v1", "v2", None]):  # w3: the fallback heuristic served it
+        r.ended(f"w{i}", 5.0, True, version=v)
+    first, second = r.ready({})
+    assert [x.id for x in first.after] == ["w2", "w3"]  # they came while it ran
+    assert first.served_by == {"w0": "v1", "w1": "v1", "w2": "v2"}
+    assert second.served_by == {"w0": "v1", "w1": "v1", "w2": "v2"}  # its warm-up's too
+
+
 class _Seen:
     """A policy that remembers the workflows it decided for."""
 
@@ -524,7 +537,7 @@ def test_as_served_gives_each_policy_the_workflows_it_served() -> None:
     wfs = list(stream_workflows(sc, 4, 20))
     others = frozenset(w.id for w in wfs[::3])
     main, other = _Seen("a"), _Seen("b")
-    Simulator(sc, wfs, seed=4).run(AsServed(main, other, others))
+    Simulator(sc, wfs, seed=4).run(AsServed(main, dict.fromkeys(others, other)))
     assert other.ids == others and main.ids == {w.id for w in wfs} - others
 
 
