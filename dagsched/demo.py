@@ -75,8 +75,7 @@ class Story:
         chosen = [
             o
             for o in self.outcomes
-            if (before is None or (o.arrival_s < at) == before)
-            and (arm is None or o.arm == arm)
+            if (before is None or (o.arrival_s < at) == before) and (arm is None or o.arm == arm)
         ]
         return (sum(o.met_deadline for o in chosen) / len(chosen) if chosen else 0.0), len(chosen)
 

@@ -3,9 +3,9 @@ compare --recorded` replays.
 
 The evaluator records traffic as it consumes it (`learner.replay_gate`). This reads the same
 topics once, from their start to the offsets they had when the read began, and feeds the
-same recorder: every message to a `MessageFeed`, and every workflow's end as the evaluator
-finds it (`OutcomeJoiner` and `WorkflowOutcomes`: its last task finished, or a task out of
-retries) with whether the serving version served it (`Sample.serving`). The topics are
+same recorder through the evaluator's own `Recording`: every message to a `MessageFeed`,
+and every workflow's end as the evaluator finds it (`OutcomeJoiner` and `WorkflowOutcomes`:
+its last task finished, or a task out of retries) with the version that served it. The topics are
 read one after another, so the records are put back in the order they were appended
 (their broker timestamps) before they are fed: the recorder snapshots the per-family
 history at each window's start, and the history must be the one the events had built by
@@ -21,7 +21,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from dagsched.learner.joining import OutcomeJoiner
 from dagsched.learner.live_ab import WorkflowOutcomes
 from dagsched.learner.replay_feed import MessageFeed
-from dagsched.learner.replay_gate import record_end
+from dagsched.learner.replay_gate import Recording
 from dagsched.learner.replay_judge import ObservedWindow, ReplayJudgeConfig, TrafficRecorder
 from dagsched.schemas.messages import BadMessage, WorkflowMsg, decode
 from dagsched.settings import Settings
@@ -112,14 +112,8 @@ def windows_of(
         settings.sim.reward, settings.evaluator.outcome_timeout_s, settings.daemon.max_dag_tasks
     )
     joiner.wait_for_log = False
-    outcomes = WorkflowOutcomes(joiner)
-    for msg in messages:
-        feed.add(msg)
-        for j in joiner.add(msg, 0.0):
-            sample = outcomes.add(j)
-            if sample is not None:
-                record_end(recorder, sample)
-                got.ended += 1
+    joined = [j for msg in messages for j in joiner.add(msg, 0.0)]
+    got.ended = len(Recording(WorkflowOutcomes(joiner), feed).take(messages, joined))
     got.workflows = recorder.arrivals
     got.windows = recorder.ready(feed.families())
     return got

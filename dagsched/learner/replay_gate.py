@@ -26,13 +26,14 @@ has not seen.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
-from typing import Generic, NamedTuple, Protocol, TypeVar
+from collections.abc import Callable, Iterable
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 from dagsched.core.history import FamilyStats
 from dagsched.core.scheduler import Scheduler
 from dagsched.learner.canary import CanaryCheck
-from dagsched.learner.live_ab import Sample
+from dagsched.learner.joining import Joined
+from dagsched.learner.live_ab import Sample, WorkflowOutcomes
 from dagsched.learner.replay_feed import MessageFeed
 from dagsched.learner.replay_judge import (
     FidelityPool,
@@ -44,6 +45,7 @@ from dagsched.learner.replay_judge import (
     config_from,
 )
 from dagsched.learner.sequential import Verdict
+from dagsched.schemas.messages import DecisionBatchMsg, DecisionLogMsg
 from dagsched.settings import Settings
 from dagsched.sim.config import ScenarioConfig
 from dagsched.sim.replay_world import PolicyFactory, as_served
@@ -57,6 +59,36 @@ def record_end(recorder: TrafficRecorder, sample: Sample) -> None:
     the model version that served it; the fallback heuristic is none)."""
     version = sample.version if sample.arm != "fallback" else None
     recorder.ended(sample.workflow_id, sample.jct_s, sample.sla >= 1.0, sample.serving, version)
+
+
+class Recording:
+    """Consumed messages -> a recorder's windows: the one path from what the evaluator reads
+    to what the replay judge replays. Every message goes to the feed; each workflow's end,
+    as the evaluator finds it (`WorkflowOutcomes` over the joined attempts: its last task
+    finished, or a task out of retries), goes to its window whoever served it. The
+    evaluator, the learner's search and `models compare --recorded` read traffic through
+    one. Without a feed it only makes the samples (the evaluator with `judge: ab`)."""
+
+    def __init__(self, outcomes: WorkflowOutcomes, feed: MessageFeed | None) -> None:
+        self.outcomes = outcomes
+        self.feed = feed
+
+    def take(self, msgs: Iterable[Any], joined: Iterable[Joined]) -> list[Sample]:
+        """Decoded messages, and the attempts the joiner joined from them -> the samples of
+        the workflows they ended."""
+        for m in msgs:
+            if isinstance(m, DecisionBatchMsg):
+                self.outcomes.note(m)  # the covariates of the workflows it placed first
+            elif self.feed is not None and not isinstance(m, DecisionLogMsg):
+                self.feed.add(m)
+        samples = []
+        for j in joined:
+            sample = self.outcomes.add(j)
+            if sample is not None:
+                if self.feed is not None:
+                    record_end(self.feed.recorder, sample)
+                samples.append(sample)
+        return samples
 
 
 class Job(NamedTuple):
@@ -194,9 +226,7 @@ class ReplayGate(Generic[F]):
         others = {i: v for i, v in obs.served_by.items() if v != champion}
         if not others:
             return None
-        return as_served(
-            self._policy(champion), {i: self._policy(v) for i, v in others.items()}
-        )
+        return as_served(self._policy(champion), {i: self._policy(v) for i, v in others.items()})
 
     def take(self, report: WindowReport, job: Job) -> str | None:
         """A judged window's report: "retire" when the replay says so, None otherwise (a win

@@ -42,7 +42,7 @@ from dagsched.learner.joining import Joined, OutcomeJoiner
 from dagsched.learner.live_ab import Action, Judge, Lease, WorkflowOutcomes, rule_from
 from dagsched.learner.online import FinetuneConfig, finetune_heads, learning_window
 from dagsched.learner.replay_feed import MessageFeed
-from dagsched.learner.replay_gate import Job, ReplayGate, replay_verdict
+from dagsched.learner.replay_gate import Job, Recording, ReplayGate, replay_verdict
 from dagsched.learner.replay_judge import WindowReport, config_from, statistics
 from dagsched.policy.model import ActorCritic
 from dagsched.policy.scheduler import GNNScheduler
@@ -129,12 +129,12 @@ class LearnerService:
         # learner.method search: the traffic it consumes, recorded in windows as the
         # evaluator records them, for its rounds to replay
         self.gate: ReplayGate[MessageFeed] | None = None
-        self.outcomes: WorkflowOutcomes | None = None
+        self.recording: Recording | None = None
         self.searches = WindowSearch(self.cfg.search, config_from(settings.evaluator.replay).seed)
         self._stop: asyncio.Event | None = None  # `run`'s: a search in its thread stops on it
         if self.cfg.method == "search":
             self.gate = ReplayGate.on_wire(settings, self.registry.load)
-            self.outcomes = WorkflowOutcomes(self.joiner)
+            self.recording = Recording(WorkflowOutcomes(self.joiner), self.gate.feed)
 
     async def run(self, stop: asyncio.Event) -> None:
         consumer = _consumer(
@@ -150,7 +150,8 @@ class LearnerService:
                 msgs = _decoded(got)
                 joined = [j for m in msgs for j in self.joiner.add(m, now)]
                 joined += self.joiner.expire(now)
-                self._record(msgs, joined)
+                if self.recording is not None:  # the search's windows
+                    self.recording.take(msgs, joined)
                 self.completed += len(joined)
                 self.window.extend(j for j in joined if j.trainable)
                 if (
@@ -179,22 +180,6 @@ class LearnerService:
         finally:
             with contextlib.suppress(Exception):
                 await consumer.stop()
-
-    def _record(self, msgs: list[Any], joined: list[Joined]) -> None:
-        """With `learner.method: search`, feed the recorder as the evaluator feeds its own:
-        the messages, and each finished workflow's outcome."""
-        gate, outcomes = self.gate, self.outcomes
-        if gate is None or outcomes is None:
-            return
-        for m in msgs:
-            if isinstance(m, DecisionBatchMsg):
-                outcomes.note(m)
-            elif not isinstance(m, DecisionLogMsg):
-                gate.feed.add(m)
-        for j in joined:
-            sample = outcomes.add(j)
-            if sample is not None:
-                gate.ended(sample)
 
     def challenger_busy(self) -> bool:
         """A challenger is under A/B test and may not be replaced (`replace_challenger` off):
@@ -452,13 +437,15 @@ class EvaluatorService:
             settings.sim.reward, self.cfg.outcome_timeout_s, settings.daemon.max_dag_tasks
         )
         self.joiner.wait_for_log = False
-        self.outcomes = WorkflowOutcomes(self.joiner)
         canary = None
         self.gate: ReplayGate[MessageFeed] | None = None
         if self.cfg.judge == "replay":
             c = self.cfg.canary
             canary = CanaryRule(c.min_workflows, {"sla": c.margin_sla, "speed": c.margin_speed})
             self.gate = ReplayGate.on_wire(settings, self.registry.load)
+        self.recording = Recording(
+            WorkflowOutcomes(self.joiner), self.gate.feed if self.gate is not None else None
+        )
         self.judge = Judge(rule_from(self.cfg), self.cfg.guardrail_window, canary)
         self._judging: asyncio.Task[tuple[WindowReport, Job]] | None = None
         self.on_verdict = on_verdict
@@ -523,28 +510,22 @@ class EvaluatorService:
                     refresh_at = time.monotonic() + tick
                 got = await consumer.getmany(timeout_ms=200, max_records=2000)
                 now = time.time()
-                joined = []
-                gate = self.gate
-                for m in _decoded(got):
-                    if isinstance(m, DecisionBatchMsg):
-                        self.outcomes.note(m)
-                    elif not isinstance(m, DecisionLogMsg):
-                        joined += self.joiner.add(m, now)
-                        if gate is not None:
-                            gate.feed.add(m)
+                msgs = _decoded(got)
+                joined = [
+                    j
+                    for m in msgs
+                    if not isinstance(m, DecisionBatchMsg | DecisionLogMsg)
+                    for j in self.joiner.add(m, now)
+                ]
                 joined += self.joiner.expire(now)
-                for j in joined:
-                    sample = self.outcomes.add(j)
-                    if sample is None:
-                        continue
-                    if gate is not None:  # whoever served it: its window closes on its end
-                        gate.ended(sample)
+                # whoever served a workflow, its window closes on its end
+                for sample in self.recording.take(msgs, joined):
                     if not sample.judged:
                         continue
                     self.samples += 1
                     await self._act_holding(lease, self.judge.add(sample))
-                if gate is not None:
-                    await self._act_holding(lease, self._replay_step(gate))
+                if self.gate is not None:
+                    await self._act_holding(lease, self._replay_step(self.gate))
                 if got:
                     await commit(consumer, "evaluator")
         finally:
@@ -639,7 +620,7 @@ class EvaluatorService:
             "version": version,
             **stats,
             "workflows_judged": self.samples,
-            "workflows_with_covariates": self.outcomes.with_covariates,
+            "workflows_with_covariates": self.recording.outcomes.with_covariates,
         }
         if self.gate is not None and action != "rollback":
             # the audit keeps the replay's verdict, its statistics and fidelity, and the canary
