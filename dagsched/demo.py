@@ -230,7 +230,12 @@ async def run_demo(
         shift_at_s=shift_at,
         shift=shift_cfg.__dict__ if shift_cfg else {},
         served_by=served,
-        replay={**result, "daemon_decisions": daemon.stats["decisions"], "held_s": still.held_s},
+        replay={
+            **result,
+            "daemon_decisions": daemon.stats["decisions"],
+            "stale_views": daemon.stats["stale_views"],
+            "held_s": still.held_s,
+        },
         outcomes=replay.workflow_outcomes(),
         verdicts=verdicts,
         replay_windows=replay_windows(evaluator),

@@ -63,7 +63,9 @@ def tell(doc: dict[str, Any], context: list[dict[str, Any]]) -> None:
     console.print(
         f"\n[bold]1. Serving[/bold]: {doc['served_by']} (shipped champion) through the embedded"
         f" broker; {r.get('tasks_sent', 0)} tasks sent, {r.get('decisions_received', 0)}"
-        f" decisions, {r.get('duplicates', 0)} duplicates, {r.get('rejected', 0)} re-asked."
+        f" decisions, {r.get('duplicates', 0)} duplicates, {r.get('rejected', 0)} re-asked,"
+        f" {r.get('stale_views', 0)} batches decided on a view the events had not caught up"
+        " with."
         f" Challenger share {doc['settings']['challenger_share']:.0%} of workflows."
         + (
             f" Simulated time stood still for {r['held_s']:.0f} s of wall time while the"

@@ -179,6 +179,7 @@ class Placer:
         if view.now + 1e-6 < at:
             if wait:
                 self.metrics.stale_views.inc()
+                self.stats["stale_views"] += 1  # in the stopped log's counts too
             view.now = at
         return view, again
 
