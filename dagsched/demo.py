@@ -211,13 +211,12 @@ async def run_demo(
                 hold=still.hold if wait_for_loop else None,
             )
             result = await replay.run()
-            # let the evaluator judge the last workflows (and, waiting for the loop, replay
-            # the last windows they closed) before everything stops
+            # let the evaluator judge the last workflows, and replay the last windows they
+            # closed, before everything stops: the story tells every window
             ended = [o for o in replay.workflow_outcomes() if o.end_s is not None]
             judged = sum(o.arm != "fallback" for o in ended)
             await _until(lambda: evaluator.samples >= judged, DRAIN_S)
-            if wait_for_loop:
-                await _until(lambda: not evaluator.busy, HOLD_MAX_S)
+            await _until(lambda: not evaluator.busy, HOLD_MAX_S)
         finally:
             daemon.stop()
             stop.set()
