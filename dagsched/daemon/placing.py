@@ -126,7 +126,12 @@ class Placer:
                 )
             else:
                 pending[key] = (m, wf)
-        at = max((m.at for m, _ in pending.values() if m.at is not None), default=None)
+        # the view waits for the events a request follows: a task's parent finishing, or
+        # its earlier attempt failing, at the same instant. A new workflow's first tasks
+        # follow none; for them the clock only moves on to their time
+        at = max((m.at for m, wf in pending.values() if m.at is not None and follows_event(m, wf)),
+                 default=None)  # fmt: skip
+        now = max((m.at for m, _ in pending.values() if m.at is not None), default=None)
         if self.store.backlog_full(len(pending)):
             raise Hold(
                 "Redis is away and the decisions waiting to be written back would pass "
@@ -139,6 +144,8 @@ class Placer:
             view, again = await self._fresh_view(at, round_ == 0, view if round_ == 0 else None)
             if view is None or view.n == 0 or not view.alive.any():
                 raise Hold("no alive node known")
+            if now is not None and view.now < now:
+                view.now = now
             if round_ > 0 or again:  # the view was read again: where workflows stand, too
                 progress = await self.store.progress(ids)
             last = round_ == PLACE_ROUNDS - 1
@@ -373,3 +380,10 @@ def _masks(
     done.flags.writeable = False
     active.flags.writeable = False
     return done, active
+
+
+def follows_event(m: TaskReadyMsg, wf: Workflow) -> bool:
+    """Whether the request `m` follows an event at its instant that the view should have
+    applied: its task has parents (the last of them finished then) or it is a retry (its
+    earlier attempt failed, or its node went down, then)."""
+    return m.attempt > 0 or bool(wf.parents[m.task])
