@@ -145,8 +145,7 @@ class ReplayGate(Generic[F]):
         self.measured: deque[tuple[Job, WindowReport]] = deque(maxlen=1000)
         self.skipped = 0  # closed windows not judged: no pair, not fresh, or judging fell behind
         self.fresh_from = 0  # the first window the pair under test may be judged on
-        self._schedulers: dict[str, Scheduler] = {}
-        self._factories: dict[str, PolicyFactory] = {}
+        self._factories: dict[str, PolicyFactory] = {}  # version -> its loaded scheduler's
 
     @staticmethod
     def on_wire(settings: Settings, load: Callable[[str], Scheduler]) -> ReplayGate[MessageFeed]:
@@ -177,7 +176,6 @@ class ReplayGate(Generic[F]):
         self.fresh_from = -(-self.recorder.arrivals // self.cfg.window_workflows)
         self.waiting = deque(maxlen=MAX_WAITING)
         keep = {*(pair or ()), champion}
-        self._schedulers = {v: s for v, s in self._schedulers.items() if v in keep}
         self._factories = {v: f for v, f in self._factories.items() if v in keep}
 
     # -- judging ------------------------------------------------------------------------------
@@ -256,9 +254,7 @@ class ReplayGate(Generic[F]):
         """One factory per version, so that a replay as served makes one policy of each."""
         got = self._factories.get(version)
         if got is None:
-            sched = self._schedulers.get(version)
-            if sched is None:
-                sched = self._schedulers[version] = self.load(version.removeprefix("v"))
+            sched = self.load(version.removeprefix("v"))
             got = self._factories[version] = lambda _seed: SchedulerPolicy(sched, version)
         return got
 
