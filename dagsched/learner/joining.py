@@ -182,7 +182,6 @@ class OutcomeJoiner:
         p.heard_at = self.clock
         if isinstance(msg, DecisionMsg):
             p.decision = p.decision or msg
-            self._supersede(key[0], msg.attempt)
         elif isinstance(msg, TaskStartedMsg):
             p.started_at = msg.at
         else:
@@ -203,7 +202,8 @@ class OutcomeJoiner:
             tis.failed(msg.workflow_id, msg.at)
 
     def _supersede(self, task: str, attempt: int) -> None:
-        """The job queue asks for `attempt` of `task`: the earlier attempts not yet ended are
+        """The job queue asks for `attempt` of `task` (its request, on the tasks topic every
+        joiner reads, comes before the decision): the earlier attempts not yet ended are
         done with (one that never started is dropped when it times out)."""
         for a in range(attempt):
             p = self.pending.get((task, a))

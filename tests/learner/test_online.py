@@ -19,6 +19,7 @@ from dagsched.schemas.messages import (
     NodeHeartbeatMsg,
     TaskFailedMsg,
     TaskFinishedMsg,
+    TaskReadyMsg,
     TaskSpecMsg,
     TaskStartedMsg,
     WorkflowMsg,
@@ -203,6 +204,7 @@ def test_an_attempt_asked_again_before_it_started_is_dropped_not_failed() -> Non
     # its node crashed while it was queued there: the job queue asks for attempt 1
     again = dec.model_copy(update={"attempt": 1, "node": "n1"})
     joiner.add(_heartbeat("n1", 5.0), now=0.0)
+    joiner.add(TaskReadyMsg(workflow_id="wf-1", task=0, attempt=1, at=5.0), now=0.0)
     joiner.add(again, now=0.0)
     joiner.add(TaskStartedMsg(workflow_id="wf-1", task=0, attempt=1, node="n1", at=10.0), 0.0)
     for t in (40.0, 70.0, 100.0):
