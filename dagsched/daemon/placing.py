@@ -127,11 +127,11 @@ class Placer:
             else:
                 pending[key] = (m, wf)
         # the view waits for the events a request follows: a task's parent finishing, or
-        # its earlier attempt failing, at the same instant. A new workflow's first tasks
-        # follow none; for them the clock only moves on to their time
-        at = max((m.at for m, wf in pending.values() if m.at is not None and follows_event(m, wf)),
-                 default=None)  # fmt: skip
-        now = max((m.at for m, _ in pending.values() if m.at is not None), default=None)
+        # its earlier attempt failing, at the same instant (`at`). A new workflow's first
+        # tasks follow none; for them the clock only moves on to their time (`now`)
+        timed = [(m.at, follows_event(m, wf)) for m, wf in pending.values() if m.at is not None]
+        at = max((t for t, follows in timed if follows), default=None)
+        now = max((t for t, _ in timed), default=None)
         if self.store.backlog_full(len(pending)):
             raise Hold(
                 "Redis is away and the decisions waiting to be written back would pass "
