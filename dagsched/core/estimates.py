@@ -47,6 +47,15 @@ def _seconds(same_zone: Any, src_gbps: Any, net_gbps: Any, nbytes: Any) -> np.nd
     )
 
 
+def advertised_run_s(duration_s: float, speed: float, cpu_cores: float, res_cores: float) -> float:
+    """What a node expects a task to compute from its declaration: the declared duration at
+    the node's advertised `speed`, proportionally longer when reserved below its declared
+    CPU."""
+    throttle = cpu_cores / res_cores
+    advertised = duration_s / speed
+    return advertised * throttle if throttle > 1 else advertised
+
+
 def raised_prediction_s(predicted_s: float, elapsed_s: float, declared_s: float) -> float:
     """A running task's predicted run time once it has run `elapsed_s` (Tsafrir, Etsion and
     Feitelson, 2007): the prediction while it holds; once outlived, the declared estimate
@@ -54,3 +63,11 @@ def raised_prediction_s(predicted_s: float, elapsed_s: float, declared_s: float)
     if elapsed_s < predicted_s:
         return predicted_s
     return declared_s if declared_s > elapsed_s else 2.0 * elapsed_s
+
+
+def raised_predictions_s(
+    predicted_s: np.ndarray, elapsed_s: np.ndarray, declared_s: np.ndarray
+) -> np.ndarray:
+    """`raised_prediction_s` of many running tasks at once (the same numbers, elementwise)."""
+    outlived = np.where(declared_s > elapsed_s, declared_s, 2.0 * elapsed_s)
+    return np.where(elapsed_s < predicted_s, predicted_s, outlived)

@@ -11,11 +11,36 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from dagsched.core.estimates import raised_predictions_s
 from dagsched.core.history import FamilySummary
 from dagsched.core.workflow import TaskSpec, Workflow
 
 # node kinds, in the order `ClusterView.kind` indexes them
 NODE_KINDS: tuple[str, ...] = ("cpu", "gpu", "io", "mem")
+
+
+@dataclass(frozen=True, slots=True)
+class RunningAttempts:
+    """The attempts running on a cluster's nodes, as a node agent and the job queue know them:
+    per attempt, its node (an index into the view), when its compute began (its start plus its
+    cold start), its declared run time there (the declared duration at the node's advertised
+    speed, throttled when reserved below its declared CPU, times the node's measured slowdown)
+    and what its family's history predicts (that times the predicted runtime ratio)."""
+
+    node: np.ndarray  # int
+    began_s: np.ndarray
+    declared_s: np.ndarray
+    predicted_s: np.ndarray
+
+    def first_ends_s(self, n: int, now: float) -> np.ndarray:
+        """Per node of `n`, when its first running attempt is expected to end at `now`: the
+        prediction, raised once outlived (`estimates.raised_prediction_s`); inf where none
+        runs."""
+        began = self.began_s
+        ends = began + raised_predictions_s(self.predicted_s, now - began, self.declared_s)
+        out = np.full(n, np.inf)
+        np.minimum.at(out, self.node, ends)
+        return out
 
 
 @dataclass(slots=True)
@@ -46,9 +71,11 @@ class ClusterView:
     used_cores: np.ndarray | None = None
     used_mem: np.ndarray | None = None
     # per node, when the first of its running attempts is expected to end (absolute, from the
-    # declared run times and history's runtime predictions; inf where none runs); None where
-    # it is not known (read as "room now")
+    # declared run times and history's runtime predictions; inf where none runs): given as is,
+    # or else computed at `now` from `running`; None for both where it is not known (read as
+    # "room now")
     first_end_s: np.ndarray | None = None
+    running: RunningAttempts | None = None
 
     @property
     def n(self) -> int:
@@ -57,10 +84,18 @@ class ClusterView:
     def first_wait_s(self) -> np.ndarray:
         """Per node, the seconds until its first running attempt is expected to end: how long
         a task that does not fit now waits at least (0 where none runs or it is unknown)."""
-        if self.first_end_s is None:
+        ends = self.first_ends_s()
+        if ends is None:
             return np.zeros(self.n)
-        left = self.first_end_s - self.now
+        left = ends - self.now
         return np.where(np.isfinite(left) & (left > 0.0), left, 0.0)
+
+    def first_ends_s(self) -> np.ndarray | None:
+        """`first_end_s`, or else computed from `running` at `now` (None when neither is
+        known)."""
+        if self.first_end_s is not None or self.running is None:
+            return self.first_end_s
+        return self.running.first_ends_s(self.n, self.now)
 
     def batch_copy(self) -> ClusterView:
         """A copy whose live load (free resources, queues) `take` may update, so later tasks

@@ -51,10 +51,14 @@ def unescape(text: str) -> str:
 
 
 def declared_fields(d: Declared | None) -> str:
-    """A decide line's declared fields (family, type, cpu, mem, duration), tab-separated."""
+    """A decide line's declared fields (family, type, cpu, mem, duration, cold start),
+    tab-separated."""
     if d is None:
-        return "\t\t\t\t"
-    return f"{escape(d.family)}\t{d.type}\t{d.cpu_cores!r}\t{d.mem_gb!r}\t{d.duration_s!r}"
+        return "\t\t\t\t\t"
+    return (
+        f"{escape(d.family)}\t{d.type}\t{d.cpu_cores!r}\t{d.mem_gb!r}\t{d.duration_s!r}\t"
+        f"{d.cold_start_s!r}"
+    )
 
 
 def _learns(msg: Any) -> bool:
@@ -76,7 +80,7 @@ def event_line(msg: Any) -> str:
     if isinstance(msg, NodeUpMsg):
         return f"u\t{msg.node}\t{msg.at!r}"
     if isinstance(msg, TaskStartedMsg):
-        return f"s\t{msg.workflow_id}\t{msg.task}\t{msg.attempt}\t{msg.node}"
+        return f"s\t{msg.workflow_id}\t{msg.task}\t{msg.attempt}\t{msg.node}\t{msg.at!r}"
     if isinstance(msg, TaskFinishedMsg | TaskFailedMsg):
         done = "1" if isinstance(msg, TaskFinishedMsg) else "0"
         return f"e\t{msg.workflow_id}\t{msg.task}\t{msg.attempt}\t{msg.node}\t{done}"

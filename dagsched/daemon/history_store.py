@@ -119,13 +119,15 @@ HISTORY_ARGS = (repr(HALF_LIFE_S), repr(RESCALE_AT))  # the function's last two 
 @dataclass(frozen=True, slots=True)
 class Declared:
     """What a task declared, kept with its reservation so that the updater learns from the
-    attempt's end without reading the workflow: its family, type and requests."""
+    attempt's end without reading the workflow: its family, type and requests (and its cold
+    start, which says when its compute begins once it starts)."""
 
     family: str
     type: str  # a `TASK_TYPE_NAMES` name
     cpu_cores: float
     mem_gb: float
     duration_s: float
+    cold_start_s: float = 0.0
 
 
 def sample_args(
@@ -195,10 +197,18 @@ def parse_stats(families: Sequence[str], text: bytes | str) -> dict[str, FamilyS
     lines = (text.decode() if isinstance(text, bytes) else text).split("\n")
     out = {}
     for f, line in zip(families, lines, strict=True):
-        if line:
-            parts = line.split("\t")
-            out[f] = _family_stats(dict(zip(parts[::2], parts[1::2], strict=True)))
+        if (stats := stats_of_row(line)) is not None:
+            out[f] = stats
     return out
+
+
+def stats_of_row(row: str) -> FamilyStats | None:
+    """One family's hash as the scripts reply it (fields and values, tab-separated), or None
+    when it is empty (never observed)."""
+    if not row:
+        return None
+    parts = row.split("\t")
+    return _family_stats(dict(zip(parts[::2], parts[1::2], strict=True)))
 
 
 def _family_stats(h: dict[str, str]) -> FamilyStats:

@@ -21,6 +21,7 @@ import numpy as np
 import structlog
 
 from dagsched.core.bounds import clamp_placement
+from dagsched.core.estimates import advertised_run_s
 from dagsched.core.history import FamilySummary
 from dagsched.core.scheduler import Placement, Scheduler
 from dagsched.core.view import ClusterView, TaskView
@@ -243,7 +244,7 @@ class Placer:
                 )
                 speed = float(view.speed[node][spec.type])
                 declared = Declared(spec.family, TASK_TYPE_NAMES[spec.type], spec.cpu_cores,
-                                    spec.mem_gb, spec.duration_s)  # fmt: skip
+                                    spec.mem_gb, spec.duration_s, spec.cold_start_s)  # fmt: skip
                 res = Reservation(
                     task_key=key[0],
                     attempt=key[1],
@@ -254,6 +255,9 @@ class Placer:
                     decision=decision,
                     fits=fits,
                     declared=declared,
+                    advertised_s=advertised_run_s(
+                        spec.duration_s, speed, spec.cpu_cores, float(cores)
+                    ),
                 )
                 planned.append((key, arm, call, call.add(m, tv, p, trace)))
                 reservations.append((res, queue_all or not fits))

@@ -9,10 +9,13 @@ from dagsched.daemon.history_store import RECORD_FN
 # its fields separated by
 # tabs: task key "{wf}/{task}", attempt, node id, cores, mem, est core-s, mode (fit | queue |
 # force), what the task declared (family, escaped: no tab or newline; type; cpu; mem;
-# duration; all empty when unknown), and last the decision JSON (JSON has no raw newline).
+# duration; cold start; all empty when unknown), its advertised run time on the node (empty
+# when unknown), and last the decision JSON (JSON has no raw newline).
 # The declared fields go into the ledger entry: the updater learns from them when the attempt
-# ends. A stored decision refreshes its workflow's keys' TTL (`wf`, `wfactive`): a workflow's
-# keys live the workflow ttl past its last decision (or event), however long it runs.
+# ends, and the cold start and advertised run time say when it is expected to end once it
+# starts (the `run` hash). A stored decision refreshes its workflow's keys' TTL (`wf`,
+# `wfactive`): a workflow's keys live the workflow ttl past its last decision (or event),
+# however long it runs.
 # One argument and one reply string instead of a dozen arguments and two replies per entry:
 # redis-py packs and parses each in pure Python, which cost more than the script itself.
 # Returns {statuses, winner...}: one letter per entry (r reserved, q queued, d dup, x dead,
@@ -22,10 +25,10 @@ DECIDE_LUA = """
 local ttl, p, blob, wf_ttl = tonumber(ARGV[1]), ARGV[2], ARGV[3], tonumber(ARGV[4])
 local statuses, out, touched = {}, {''}, {}
 local pos, n = 1, #blob
-local pat = '^' .. string.rep('([^\\t]*)\\t', 12) .. '(.*)$'
+local pat = '^' .. string.rep('([^\\t]*)\\t', 14) .. '(.*)$'
 while pos <= n do
   local e = string.find(blob, '\\n', pos, true) or (n + 1)
-  local tk, att, nid, cs, ms, qs, mode, fam, ty, dc, dm, dd, decision =
+  local tk, att, nid, cs, ms, qs, mode, fam, ty, dc, dm, dd, cold, adv, decision =
     string.match(string.sub(blob, pos, e - 1), pat)
   pos = e + 1
   local wf, idx = string.match(tk, '^(.*)/([^/]*)$')
@@ -63,13 +66,13 @@ while pos <= n do
       end
       if status ~= 'n' then
         redis.call('SET', dec, decision, 'EX', ttl)
+        redis.call('HSET', led, 'node', nid, 'cores', cs, 'mem', ms, 'core_s', qs,
+                   'state', status)
         if fam ~= '' then
-          redis.call('HSET', led, 'node', nid, 'cores', cs, 'mem', ms, 'core_s', qs,
-                     'state', status, 'fam', fam, 'ty', ty, 'dc', dc, 'dm', dm, 'dd', dd)
-        else
-          redis.call('HSET', led, 'node', nid, 'cores', cs, 'mem', ms, 'core_s', qs,
-                     'state', status)
+          redis.call('HSET', led, 'fam', fam, 'ty', ty, 'dc', dc, 'dm', dm, 'dd', dd,
+                     'cold', cold)
         end
+        if adv ~= '' then redis.call('HSET', led, 'adv', adv) end
         redis.call('SADD', p .. 'nodeled:' .. nid, led)
         redis.call('SADD', wfactive, idx)
       end
@@ -123,20 +126,34 @@ for _, key in ipairs(KEYS) do
 end
 return 1
 """
-# The cluster view in one round trip and one reply string (not ~40 bulk strings per node, which
-# the client parses one by one). KEYS: nodes set, clock. ARGV: node key prefix, then fields.
-# Returns {rows "id\tv1\tv2...\n..." sorted by id (missing fields empty), clock}.
+# The cluster view in one round trip and a few reply strings (not ~40 bulk strings per node,
+# which the client parses one by one). KEYS: nodes set, clock, running attempts (`run`).
+# ARGV: node key prefix, history key prefix, then fields. Returns {rows "id\tv1\tv2...\n..."
+# sorted by id (missing fields empty), clock, the running attempts (a `run` value per line:
+# node, compute began, advertised run time, family escaped), and per family they name its
+# history hash (a line: the escaped family, then fields and values, all tab-separated)}.
 VIEW_LUA = r"""
 local ids = redis.call('SMEMBERS', KEYS[1])
 table.sort(ids)
-local fields = {unpack(ARGV, 2)}
+local fields = {unpack(ARGV, 3)}
 local rows = {}
 for i, id in ipairs(ids) do
   local v = redis.call('HMGET', ARGV[1] .. id, unpack(fields))
   for j = 1, #fields do v[j] = v[j] or '' end
   rows[i] = id .. '\t' .. table.concat(v, '\t')
 end
-return {table.concat(rows, '\n'), redis.call('GET', KEYS[2]) or '0'}
+local running = redis.call('HVALS', KEYS[3])
+local seen, hists = {}, {}
+for _, line in ipairs(running) do
+  local fam = string.match(line, '^[^\t]*\t[^\t]*\t[^\t]*\t(.*)$')
+  if fam and not seen[fam] then
+    seen[fam] = true
+    local raw = (string.gsub(fam, '\\(.)', {['\\'] = '\\', t = '\t', n = '\n'}))
+    hists[#hists + 1] = fam .. '\t' .. table.concat(redis.call('HGETALL', ARGV[2] .. raw), '\t')
+  end
+end
+return {table.concat(rows, '\n'), redis.call('GET', KEYS[2]) or '0',
+        table.concat(running, '\n'), table.concat(hists, '\n')}
 """
 VIEW_FIELDS = (
     "kind", "zone", "cores", "mem_gb", "gpu_mem_gb", "net_gbps", "alive", "free_cores",
@@ -188,13 +205,15 @@ return table.concat(out, '\n')
 #   h node at kind zone cores mem_gb gpu_mem_gb net_gbps used_cores used_mem_gb queue_len
 #     net_in_bytes failure_rate slowdown      a heartbeat
 #   d node at | u node at                     the node went down | came back, empty
-#   s wf task attempt node                    an attempt started
+#   s wf task attempt node at                 an attempt started
 #   e wf task attempt node done [family# kind at cpu_b mem_b rt_b rt_ratio oom_limit]
 #                                             an attempt ended (done 1: finished), and what
 #                                             history learns from it
 # Each is idempotent: an end releases its ledger entry and learns only if the entry is there
-# (then deletes it); a start moves a queued entry to reserved; a node reset or a heartbeat
-# older than the node's last reset (or a heartbeat older than the last one) changes nothing.
+# (then deletes it); a start moves a queued entry to reserved and, for an entry with an
+# advertised run time, keeps when its compute began in `run`, which an end or a node reset
+# clears; a node reset or a heartbeat older than the node's last reset (or a heartbeat older
+# than the last one) changes nothing.
 APPLY_EVENTS_LUA = (
     RECORD_FN
     + r"""
@@ -246,7 +265,10 @@ while pos <= n do
     local cur = redis.call('HMGET', key, 'reset_at', 'alive', 'cores', 'mem_gb')
     local last = tonumber(cur[1])
     if not (last and (at < last or (at == last and cur[2] == alive))) then
-      for _, k in ipairs(redis.call('SMEMBERS', nodeled)) do redis.call('DEL', k) end
+      for _, k in ipairs(redis.call('SMEMBERS', nodeled)) do
+        redis.call('DEL', k)
+        redis.call('HDEL', p .. 'run', k)
+      end
       redis.call('DEL', nodeled)
       if cur[3] then
         redis.call('HSET', key, 'alive', alive, 'free_cores', cur[3], 'free_mem', cur[4],
@@ -256,7 +278,8 @@ while pos <= n do
   elseif op == 's' then
     local wf = f[2]
     local led = p .. 'led:' .. wf .. '/' .. f[3] .. ':' .. f[4]
-    local h = redis.call('HMGET', led, 'state', 'node', 'cores', 'mem', 'core_s')
+    local h = redis.call('HMGET', led, 'state', 'node', 'cores', 'mem', 'core_s', 'adv', 'cold',
+                         'fam')
     if h[1] == 'q' then
       local node = p .. 'node:' .. h[2]
       redis.call('HINCRBY', node, 'queue_len', -1)
@@ -264,6 +287,11 @@ while pos <= n do
       redis.call('HINCRBYFLOAT', node, 'free_cores', -tonumber(h[3]))
       redis.call('HINCRBYFLOAT', node, 'free_mem', -tonumber(h[4]))
       redis.call('HSET', led, 'state', 'r')
+    end
+    if h[1] and h[6] then
+      local began = string.format('%.17g', tonumber(f[6]) + (tonumber(h[7]) or 0))
+      redis.call('HSET', p .. 'run', led, h[2] .. '\t' .. began .. '\t' .. h[6] .. '\t' ..
+                 (h[8] or ''))
     end
     redis.call('HSET', p .. 'wfnode:' .. wf, f[3], f[5])
     touch(wf)
@@ -281,6 +309,7 @@ while pos <= n do
         redis.call('HINCRBYFLOAT', node, 'queued_core_s', -tonumber(h[5]))
       end
       redis.call('DEL', led)
+      redis.call('HDEL', p .. 'run', led)
       redis.call('SREM', p .. 'nodeled:' .. h[2], led)
       if f[7] then
         record_sample(hist_of(p .. 'hist:' .. ARGV[6 + tonumber(f[7])]), f[8], f[9], f[10],

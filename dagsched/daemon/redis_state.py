@@ -6,7 +6,8 @@ Every key starts with `{topic_prefix}dagsched:` so two stacks can share one Redi
 |---|---|---|
 | `nodes` | set | node ids seen in heartbeats |
 | `node:{id}` | hash | static shape, telemetry, `alive`, `seen_at` (last heartbeat), `reset_at` (last down or up), and the reservation ledger's `free_cores`, `free_mem`, `queue_len`, `queued_core_s` |
-| `led:{wf}/{task}:{attempt}` | hash | one placement while its attempt lives: node, cores, mem, est. core-s, state `r` (holds a reservation) or `q` (waits in the node's queue), and what the task declared (`fam`, `ty`, `dc`, `dm`, `dd`: family, type, cpu, mem, duration) for history; deleted when the attempt ends or its node goes down |
+| `led:{wf}/{task}:{attempt}` | hash | one placement while its attempt lives: node, cores, mem, est. core-s, state `r` (holds a reservation) or `q` (waits in the node's queue), what the task declared (`fam`, `ty`, `dc`, `dm`, `dd`, `cold`: family, type, cpu, mem, duration, cold start) for history, and `adv`, its advertised run time on the node; deleted when the attempt ends or its node goes down |
+| `run` | hash | ledger key -> "node, compute began, advertised run time, family" of each started attempt with an advertised run time, while its ledger entry lives: when the nodes' running attempts are expected to end (`ClusterView.running`) |
 | `nodeled:{id}` | set | ledger keys on a node (dropped when it goes down) |
 | `dec:{wf}/{task}:{attempt}` | string | the decision's JSON, written once (SET NX semantics), for `daemon.decision_ttl_s` (the redelivery window) |
 | `declog:keys`, `declog:recs` | streams | the decision log: per policy call, the keys of its new decisions, and its `decision_batch` record (zlib), under the same stream id; capped by `daemon.decision_log_max_mb` and `observation_ttl_s` |
@@ -37,10 +38,10 @@ import redis.asyncio as aioredis
 
 from dagsched import redis_connect
 from dagsched.core.history import FamilyStats
-from dagsched.core.view import NODE_KINDS, ClusterView
+from dagsched.core.view import NODE_KINDS, ClusterView, RunningAttempts
 from dagsched.core.workflow import TASK_TYPE_NAMES
 from dagsched.daemon.event_apply import EventApplier, declared_fields
-from dagsched.daemon.history_store import Declared, RedisHistory, parse_stats
+from dagsched.daemon.history_store import Declared, RedisHistory, parse_stats, stats_of_row
 from dagsched.daemon.redis_scripts import (
     DECIDE_LUA,
     LOG_LUA,
@@ -73,6 +74,9 @@ class Reservation:
     decision: bytes
     fits: bool  # the planner saw it fit; if Redis disagrees, re-plan instead of queueing
     declared: Declared | None = None  # kept in the ledger entry: what history learns from
+    # the declared duration at the node's advertised speed, throttled when reserved below the
+    # declared CPU: once the attempt starts, the view expects it to end from this
+    advertised_s: float | None = None
 
 
 class RedisState:
@@ -168,7 +172,9 @@ class RedisState:
             if b"\n" in r.decision:  # JSON has none; the script splits entries on it
                 raise ValueError("a decision with a raw newline")
             head = f"{r.task_key}\t{r.attempt}\t{r.node}\t{r.cores!r}\t{r.mem!r}\t{r.core_s!r}"
-            lines.append(f"{head}\t{mode}\t{declared_fields(r.declared)}\t".encode() + r.decision)
+            adv = "" if r.advertised_s is None else repr(r.advertised_s)
+            line = f"{head}\t{mode}\t{declared_fields(r.declared)}\t{adv}\t"
+            lines.append(line.encode() + r.decision)
         cfg = self.settings.daemon
         statuses, *winners = await self._decide(
             args=[cfg.decision_ttl_s, self.prefix, b"\n".join(lines), cfg.workflow_ttl_s]
@@ -203,19 +209,31 @@ class RedisState:
     # -- nodes --------------------------------------------------------------------------------
 
     async def cluster_view(self) -> ClusterView:
-        """Every known node, sorted by id, as the view a scheduler sees (one script call)."""
-        text, clock = await self._view(
-            keys=[self.key("nodes"), self.key("clock")],
-            args=[self.key("node", ""), *VIEW_FIELDS],
-        )
-        return self._view_from(text, clock)
+        """Every known node, sorted by id, as the view a scheduler sees, with the attempts
+        running on them (one script call)."""
+        return self._view_from(*await self._read_view())
 
-    def _view_from(self, text: bytes | str, clock: bytes | str | None) -> ClusterView:
+    def _read_view(self, client: Any = None) -> Any:
+        return self._view(
+            keys=[self.key("nodes"), self.key("clock"), self.key("run")],
+            args=[self.key("node", ""), self.key("hist", ""), *VIEW_FIELDS],
+            client=client,
+        )
+
+    def _view_from(
+        self,
+        text: bytes | str,
+        clock: bytes | str | None,
+        running: bytes | str = b"",
+        hists: bytes | str = b"",
+    ) -> ClusterView:
         cells = [line.split("\t") for line in _str(text).split("\n")] if text else []
         if any(len(c) != 1 + len(VIEW_FIELDS) for c in cells):
             raise ValueError("the view script answered a row of another shape")
         columns = dict(zip(("id", *VIEW_FIELDS), zip(*cells, strict=True), strict=False))
-        return build_view(len(cells), columns, float(clock or 0.0), self.settings.sim.cluster.speed)
+        view = build_view(len(cells), columns, float(clock or 0.0), self.settings.sim.cluster.speed)
+        view.running = running_attempts(view, _str(running), _str(hists))
+        return view
 
     async def round_inputs(
         self, ids: Sequence[str], families: Sequence[str]
@@ -225,11 +243,7 @@ class RedisState:
         if not ids and not families:  # the heuristic's batch: the view alone, no pipeline
             return await self.cluster_view(), {}, {}  # (a pipeline costs twice the CPU)
         pipe = self.redis.pipeline(transaction=False)
-        await self._view(
-            keys=[self.key("nodes"), self.key("clock")],
-            args=[self.key("node", ""), *VIEW_FIELDS],
-            client=pipe,
-        )
+        await self._read_view(client=pipe)
         if ids:
             await self._progress(args=[self.prefix, *ids], client=pipe)
         if families:
@@ -260,6 +274,34 @@ class RedisState:
         for k in keys:
             pipe.hgetall(k)
         return [{a.decode(): b.decode() for a, b in h.items()} for h in await pipe.execute()]
+
+
+def running_attempts(view: ClusterView, running: str, hists: str) -> RunningAttempts:
+    """The view script's running attempts (`run` values: node, compute began, advertised run
+    time, escaped family) on `view`'s nodes, with their families' history hashes (a line per
+    family: the escaped name, then fields and values): each attempt's declared run time at
+    its node's measured slowdown, and that times its family's predicted runtime ratio, as
+    `sim.snapshot.running_attempts` has them."""
+    ratios: dict[str, float] = {}
+    for line in hists.split("\n") if hists else ():
+        family, _, row = line.partition("\t")
+        if (stats := stats_of_row(row)) is not None:
+            ratios[family] = stats.runtime_ratio()
+    index = {node: i for i, node in enumerate(view.node_ids)}
+    node, began, declared, predicted = [], [], [], []
+    for line in running.split("\n") if running else ():
+        nid, start, adv, family = line.split("\t", 3)
+        i = index.get(nid)
+        if i is None:
+            continue
+        d = float(adv) * float(view.slowdown[i])
+        node.append(i)
+        began.append(float(start))
+        declared.append(d)
+        predicted.append(d * ratios.get(family, 1.0))
+    return RunningAttempts(
+        np.array(node, dtype=int), np.array(began), np.array(declared), np.array(predicted)
+    )
 
 
 _STATUS = {"r": "r", "q": "q", "x": "dead", "n": "nofit"}  # the decide script's letters

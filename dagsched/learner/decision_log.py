@@ -26,7 +26,7 @@ import base64
 import json
 import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import astuple, dataclass, field, fields
+from dataclasses import astuple, dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
@@ -50,7 +50,10 @@ class DecisionLogError(ValueError):
 
 def encode_view(view: ClusterView) -> str:
     """`view` as ASCII: a JSON header (scalars, lists, array dtypes and shapes) and the arrays'
-    raw bytes, zlib-compressed, base64."""
+    raw bytes, zlib-compressed, base64. Its running attempts are kept as what they tell a
+    scheduler at the view's time: each node's first expected end."""
+    if view.running is not None:
+        view = replace(view, first_end_s=view.first_ends_s(), running=None)
     head: dict[str, Any] = {}
     blobs: list[bytes] = []
     for f in fields(ClusterView):

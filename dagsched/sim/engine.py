@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from dagsched.core.bounds import clamp_placement
+from dagsched.core.estimates import advertised_run_s
 from dagsched.core.history import History, measured_ratios
 from dagsched.core.workflow import Workflow
 from dagsched.sim.attempts import AttemptLedger, AttemptRecord, OutcomeHook
@@ -388,9 +389,7 @@ class Simulator:
             c.receive(node, now, now + xfer, nbytes)
         speed = c.speed_rows[node][spec.type]
         # what the node expects from the declaration (for its measured slowdown)...
-        throttle = spec.cpu_cores / t.res_cores
-        advertised = spec.duration_s / speed
-        t.advertised_s = advertised * throttle if throttle > 1 else advertised
+        t.advertised_s = advertised_run_s(spec.duration_s, speed, spec.cpu_cores, t.res_cores)
         # ...and what really happens: CPU reserved below real use runs proportionally slower
         throttle = t.use_cores / t.res_cores
         actual = t.true_s / speed * c.slowdown[node]

@@ -12,9 +12,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from dagsched.core.estimates import raised_prediction_s
 from dagsched.core.scheduler import Scheduler
-from dagsched.core.view import ClusterView, TaskView
+from dagsched.core.view import ClusterView, RunningAttempts, TaskView
 from dagsched.sim.runs import Decision, TaskRun, TaskState
 
 if TYPE_CHECKING:
@@ -44,34 +43,38 @@ def cluster_view(sim: Simulator) -> ClusterView:
         slowdown=np.array(c.observed_slowdown),
         used_cores=np.array([u[0] for u in sim.node_use]),
         used_mem=np.array([u[1] for u in sim.node_use]),
-        first_end_s=first_ends_s(sim),
+        running=running_attempts(sim),
     )
 
 
-def first_ends_s(sim: Simulator) -> np.ndarray:
-    """Per node, when its first running attempt is expected to end (inf where none runs), as
-    a node agent and the job queue know it: the attempt's start, cold start and declared
-    compute time at the node's advertised speed and measured slowdown, times its family's
-    predicted runtime ratio, raised once outlived (`estimates.raised_prediction_s`)."""
-    c, now, history = sim.cluster, sim.now, sim.history
-    out = np.full(c.n, np.inf)
+def running_attempts(sim: Simulator) -> RunningAttempts:
+    """The attempts running now, as a node agent and the job queue know them: each one's
+    start and cold start, its declared compute time at its node's advertised speed and
+    measured slowdown, and that times its family's predicted runtime ratio."""
+    c, history = sim.cluster, sim.history
+    node: list[int] = []
+    began: list[float] = []
+    declared: list[float] = []
+    predicted: list[float] = []
     ratios: dict[str, float] = {}  # per family, for this call
-    for node, running in enumerate(c.running):
+    for i, running in enumerate(c.running):
         if not running:
             continue
-        slowdown = c.observed_slowdown[node]
+        slowdown = c.observed_slowdown[i]
         for r in running:
-            declared = r.advertised_s * slowdown
-            began = r.start_s + r.spec.cold_start_s
             family = r.spec.family
             ratio = ratios.get(family)
             if ratio is None:
                 stats = history.get(family)
                 ratio = ratios[family] = stats.runtime_ratio() if stats is not None else 1.0
-            end = began + raised_prediction_s(declared * ratio, now - began, declared)
-            if end < out[node]:
-                out[node] = end
-    return out
+            d = r.advertised_s * slowdown
+            node.append(i)
+            began.append(r.start_s + r.spec.cold_start_s)
+            declared.append(d)
+            predicted.append(d * ratio)
+    return RunningAttempts(
+        np.array(node, dtype=int), np.array(began), np.array(declared), np.array(predicted)
+    )
 
 
 def task_view(t: TaskRun, sim: Simulator | None = None) -> TaskView:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -122,10 +123,16 @@ def test_replay_gives_back_exactly_what_the_model_saw(champion, n_tasks):
 
 
 def test_view_codec_round_trips_every_field():
+    """Every field comes back; the running attempts as what they tell a scheduler at the
+    view's time (each node's first expected end), so a logged call replays on them."""
     view, _ = decision_point(1)
+    assert view.running is not None and np.isfinite(view.first_ends_s()).any()  # type: ignore[arg-type]
     back = decode_view(encode_view(view))
+    assert back.running is None
+    np.testing.assert_array_equal(back.first_wait_s(), view.first_wait_s())
+    told = replace(view, first_end_s=view.first_ends_s(), running=None)
     for name in ClusterView.__slots__:
-        a, b = getattr(view, name), getattr(back, name)
+        a, b = getattr(told, name), getattr(back, name)
         if isinstance(a, np.ndarray):
             assert a.dtype == b.dtype and np.array_equal(a, b), name
         else:
