@@ -48,7 +48,7 @@ from dagsched.sim.snapshot import SchedulerPolicy
 log = structlog.get_logger("dagsched.demo")
 MODEL_WAIT_S = 120.0
 DRAIN_S = 30.0  # at most this long for the evaluator to judge the last workflows
-HOLD_MAX_S = 300.0  # the longest simulated time stands still for the learner or the judge
+HOLD_MAX_S = 300.0  # by default, the longest simulated time stands still for one busy spell
 Progress = Callable[[int, int], None]
 
 
@@ -132,11 +132,14 @@ class TimeStandsStill:
     the daemon decides, ten times or more faster than real time; the learner and the judge
     would otherwise fall windows behind the traffic they learn from and judge. In real time
     a window of the demo's 25 workflows arrives over about 7 minutes, and its replays take
-    well under one. A part that stays busy past `HOLD_MAX_S` ends the holding: the demo goes
-    on as fast as the daemon decides."""
+    well under one. A part that stays busy past `max_s` in one spell ends the holding: the
+    demo goes on as fast as the daemon decides (`gave_up`)."""
 
-    def __init__(self, learner: LearnerService, evaluator: EvaluatorService) -> None:
+    def __init__(
+        self, learner: LearnerService, evaluator: EvaluatorService, max_s: float = HOLD_MAX_S
+    ) -> None:
         self.learner, self.evaluator = learner, evaluator
+        self.max_s = max_s
         self.held_s = 0.0  # wall time simulated time stood still
         self.gave_up = False
 
@@ -145,9 +148,9 @@ class TimeStandsStill:
             return
         t0 = time.monotonic()
         while self.learner.busy or self.evaluator.busy:
-            if time.monotonic() - t0 > HOLD_MAX_S:
+            if time.monotonic() - t0 > self.max_s:
                 self.gave_up = True
-                log.warning("demo.hold_given_up", after_s=HOLD_MAX_S)
+                log.warning("demo.hold_given_up", after_s=self.max_s)
                 break
             await asyncio.sleep(0.1)  # polling flags of services running in this loop
         self.held_s += time.monotonic() - t0
@@ -176,10 +179,12 @@ async def run_demo(
     progress: Progress | None = None,
     shift_share: float = 0.5,
     wait_for_loop: bool = False,
+    hold_max_s: float = HOLD_MAX_S,
 ) -> Story:
     """Broker + daemon + learner + evaluator + replay (the shift on at the arrival of the
     workflow at `shift_share` of the workload); returns the story. `wait_for_loop`:
-    simulated time stands still while the learner or the judge works (`TimeStandsStill`)."""
+    simulated time stands still while the learner or the judge works (`TimeStandsStill`),
+    at most `hold_max_s` a spell; the judge's last windows are waited for as long."""
     s = demo_settings(settings)
     shift_at = arrival_at(s, workflows, seed, shift_share) if shift else None
     shift_cfg = demo_shift(s, shift_at) if shift_at is not None else None
@@ -203,7 +208,7 @@ async def run_demo(
         try:
             served = await _wait_for_champion(daemon, tasks["daemon"])
             log.info("demo.serving", champion=served, shift_at_s=shift_at)
-            still = TimeStandsStill(learner, evaluator)
+            still = TimeStandsStill(learner, evaluator, hold_max_s)
             replay = Replay(
                 s,
                 ReplayConfig(workflows=workflows, seed=seed),
@@ -216,7 +221,7 @@ async def run_demo(
             ended = [o for o in replay.workflow_outcomes() if o.end_s is not None]
             judged = sum(o.arm != "fallback" for o in ended)
             await _until(lambda: evaluator.samples >= judged, DRAIN_S)
-            await _until(lambda: not evaluator.busy, HOLD_MAX_S)
+            await _until(lambda: not evaluator.busy, hold_max_s)
         finally:
             daemon.stop()
             stop.set()
@@ -234,6 +239,7 @@ async def run_demo(
             "daemon_decisions": daemon.stats["decisions"],
             "stale_views": daemon.stats["stale_views"],
             "held_s": still.held_s,
+            "hold_given_up": still.gave_up,
         },
         outcomes=replay.workflow_outcomes(),
         verdicts=verdicts,

@@ -37,6 +37,14 @@ def demo_cmd(
         help="Stand simulated time still while the learner searches or the judge replays:"
         " slower, but the loop keeps up with the traffic.",
     ),
+    hold_max_s: float = typer.Option(
+        300.0,
+        "--hold-max-s",
+        min=1.0,
+        help="With --wait-for-loop: the longest simulated time stands still for one search or"
+        " replay; past it the demo stops waiting for the loop. Raise it for large worlds"
+        " (--profile shift), where one search takes minutes.",
+    ),
     as_json: bool = typer.Option(False, "--json", help="One JSON object on stdout."),
 ) -> None:
     """Broker, daemon, learner, evaluator and a replay shifted midway; tell the story."""
@@ -45,7 +53,9 @@ def demo_cmd(
     settings = state(ctx).settings()
     with progress_bar("replaying workflows", enabled=stderr_is_tty()) as progress:
         story = asyncio.run(
-            run_demo(settings, workflows, seed, shift, progress, shift_at, wait_for_loop)
+            run_demo(
+                settings, workflows, seed, shift, progress, shift_at, wait_for_loop, hold_max_s
+            )
         )
     context = heuristic_context(settings, workflows, story.shift_at_s, seed)
     doc = story.to_dict()
@@ -71,6 +81,12 @@ def tell(doc: dict[str, Any], context: list[dict[str, Any]]) -> None:
             f" Simulated time stood still for {r['held_s']:.0f} s of wall time while the"
             " learner searched and the judge replayed."
             if r.get("held_s")
+            else ""
+        )
+        + (
+            " One search or replay outlasted --hold-max-s: from then on the loop fell behind"
+            " the traffic, and the judge replayed only the newest windows."
+            if r.get("hold_given_up")
             else ""
         )
     )

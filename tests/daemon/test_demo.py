@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
-from dagsched.demo import arrival_at, run_demo
+from dagsched.demo import TimeStandsStill, arrival_at, run_demo
 from tests.daemon.conftest import make_settings
 
 
@@ -38,6 +40,7 @@ async def test_demo_runs_the_loop_and_tells_what_happened(redis_url: str, tmp_pa
     assert story.rounds
     # simulated time stood still while a round ran
     assert story.replay["held_s"] > 0
+    assert story.replay["hold_given_up"] is False  # no round outlasted --hold-max-s
     made = {v["version"]: v for v in story.versions}
     assert made["1"]["origin"] == "shipped"
     for r in story.rounds:
@@ -49,3 +52,26 @@ async def test_demo_runs_the_loop_and_tells_what_happened(redis_url: str, tmp_pa
     assert doc["shift"]["oom_restart_s"] > 0 and doc["shift"]["at_s"] == story.shift_at_s
     assert (before["workflows"], after["workflows"]) == (3, 7)
     assert 0.0 <= before["sla_attainment"] <= 1.0
+
+
+async def test_time_stands_still_until_the_loop_is_idle_or_past_its_limit():
+    learner, evaluator = SimpleNamespace(busy=True), SimpleNamespace(busy=False)
+    # the two flags the demo polls; the services themselves are the whole-demo test's
+    still = TimeStandsStill(learner, evaluator, max_s=60.0)
+
+    async def finish_round() -> None:
+        await asyncio.sleep(0.3)
+        learner.busy = False
+
+    done = asyncio.create_task(finish_round())
+    await still.hold()
+    assert done.done() and not still.gave_up  # it held until the round ended
+    assert still.held_s >= 0.3
+
+    evaluator.busy = True  # a replay that outlasts the limit ends the holding for good
+    short = TimeStandsStill(learner, evaluator, max_s=0.2)
+    await short.hold()
+    assert short.gave_up and 0.2 <= short.held_s < 5.0
+    held = short.held_s
+    await short.hold()  # past the limit, simulated time no longer waits for the loop
+    assert short.held_s == held
