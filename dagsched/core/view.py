@@ -32,6 +32,22 @@ class RunningAttempts:
     declared_s: np.ndarray
     predicted_s: np.ndarray
 
+    @classmethod
+    def on_nodes(
+        cls,
+        node: list[int],
+        began_s: list[float],
+        advertised_s: list[float],
+        ratio: list[float],
+        slowdown: np.ndarray,
+    ) -> RunningAttempts:
+        """From each attempt's node, compute start, advertised run time and its family's
+        predicted runtime ratio, on nodes of measured `slowdown`: declared is the advertised
+        time times the node's slowdown, predicted that times the ratio."""
+        nodes = np.array(node, dtype=int)
+        declared = np.array(advertised_s, dtype=float) * np.asarray(slowdown, dtype=float)[nodes]
+        return cls(nodes, np.array(began_s, dtype=float), declared, declared * np.array(ratio))
+
     def first_ends_s(self, n: int, now: float) -> np.ndarray:
         """Per node of `n`, when its first running attempt is expected to end at `now`: the
         prediction, raised once outlived (`estimates.raised_prediction_s`); inf where none

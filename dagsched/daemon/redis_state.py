@@ -279,29 +279,28 @@ class RedisState:
 def running_attempts(view: ClusterView, running: str, hists: str) -> RunningAttempts:
     """The view script's running attempts (`run` values: node, compute began, advertised run
     time, escaped family) on `view`'s nodes, with their families' history hashes (a line per
-    family: the escaped name, then fields and values): each attempt's declared run time at
-    its node's measured slowdown, and that times its family's predicted runtime ratio, as
-    `sim.snapshot.running_attempts` has them."""
+    family: the escaped name, then fields and values), as `sim.snapshot.running_attempts`
+    has them (`RunningAttempts.on_nodes`)."""
     ratios: dict[str, float] = {}
     for line in hists.split("\n") if hists else ():
         family, _, row = line.partition("\t")
         if (stats := stats_of_row(row)) is not None:
             ratios[family] = stats.runtime_ratio()
     index = {node: i for i, node in enumerate(view.node_ids)}
-    node, began, declared, predicted = [], [], [], []
+    node: list[int] = []
+    began: list[float] = []
+    advertised: list[float] = []
+    ratio: list[float] = []
     for line in running.split("\n") if running else ():
         nid, start, adv, family = line.split("\t", 3)
         i = index.get(nid)
         if i is None:
             continue
-        d = float(adv) * float(view.slowdown[i])
         node.append(i)
         began.append(float(start))
-        declared.append(d)
-        predicted.append(d * ratios.get(family, 1.0))
-    return RunningAttempts(
-        np.array(node, dtype=int), np.array(began), np.array(declared), np.array(predicted)
-    )
+        advertised.append(float(adv))
+        ratio.append(ratios.get(family, 1.0))
+    return RunningAttempts.on_nodes(node, began, advertised, ratio, view.slowdown)
 
 
 _STATUS = {"r": "r", "q": "q", "x": "dead", "n": "nofit"}  # the decide script's letters

@@ -49,32 +49,26 @@ def cluster_view(sim: Simulator) -> ClusterView:
 
 def running_attempts(sim: Simulator) -> RunningAttempts:
     """The attempts running now, as a node agent and the job queue know them: each one's
-    start and cold start, its declared compute time at its node's advertised speed and
-    measured slowdown, and that times its family's predicted runtime ratio."""
+    start and cold start, its declared compute time at its node's advertised speed, and its
+    family's predicted runtime ratio (`RunningAttempts.on_nodes`)."""
     c, history = sim.cluster, sim.history
     node: list[int] = []
     began: list[float] = []
-    declared: list[float] = []
-    predicted: list[float] = []
+    advertised: list[float] = []
+    ratio: list[float] = []
     ratios: dict[str, float] = {}  # per family, for this call
     for i, running in enumerate(c.running):
-        if not running:
-            continue
-        slowdown = c.observed_slowdown[i]
         for r in running:
             family = r.spec.family
-            ratio = ratios.get(family)
-            if ratio is None:
+            x = ratios.get(family)
+            if x is None:
                 stats = history.get(family)
-                ratio = ratios[family] = stats.runtime_ratio() if stats is not None else 1.0
-            d = r.advertised_s * slowdown
+                x = ratios[family] = stats.runtime_ratio() if stats is not None else 1.0
             node.append(i)
             began.append(r.start_s + r.spec.cold_start_s)
-            declared.append(d)
-            predicted.append(d * ratio)
-    return RunningAttempts(
-        np.array(node, dtype=int), np.array(began), np.array(declared), np.array(predicted)
-    )
+            advertised.append(r.advertised_s)
+            ratio.append(x)
+    return RunningAttempts.on_nodes(node, began, advertised, ratio, np.array(c.observed_slowdown))
 
 
 def task_view(t: TaskRun, sim: Simulator | None = None) -> TaskView:
