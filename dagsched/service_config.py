@@ -300,6 +300,9 @@ class ReplaySettings(_Strict):
     # measure fidelity only); None: all `replays`
     fidelity_replays: int | None = Field(default=None, ge=1)
     seed: int = 0
+    # where the judge's and the learner's search replays run: 1 in the service's own thread,
+    # 0 one worker process per core, N that many (a window's replays are independent)
+    workers: int = Field(default=1, ge=0)
 
 
 class CanarySettings(_Strict):

@@ -48,8 +48,8 @@ from dagsched.policy.normalizer import FeatureNormalizer
 from dagsched.policy.scheduler import GNNScheduler
 from dagsched.service_config import HeadSearchSettings
 from dagsched.sim.config import ScenarioConfig
-from dagsched.sim.replay_world import play
-from dagsched.sim.snapshot import SchedulerPolicy
+from dagsched.sim.replay_pool import InThread, Plays, Replays
+from dagsched.sim.snapshot import PolicyOf
 
 
 class Scored(NamedTuple):
@@ -185,9 +185,10 @@ class WindowSearch:
     in-process loop): each set of windows is searched once per champion, on replay seeds
     drawn apart from the judge's (`seed` is the judge's replay seed)."""
 
-    def __init__(self, cfg: HeadSearchSettings, seed: int) -> None:
+    def __init__(self, cfg: HeadSearchSettings, seed: int, replays: Replays | None = None) -> None:
         self.cfg = cfg
         self.seed = seed + SEARCH_SEED_OFFSET
+        self.replays: Replays = replays if replays is not None else InThread()
         self.last: tuple[str, int] | None = None  # (champion, newest window) searched
         # (challenger, newest window) a supersession search looked at
         self.last_rival: tuple[str, int] | None = None
@@ -210,8 +211,9 @@ class WindowSearch:
             return None
         self.last = key
         score = replay_score(
-            windows, base, sched.normalizer, self.cfg.replays, self.seed, self.cfg.warmup_workflows
-        )
+            windows, base, sched.normalizer, self.cfg.replays, self.seed,
+            self.cfg.warmup_workflows, self.replays,
+        )  # fmt: skip
         return search_shifts(sched.model, score, self.cfg, stop)
 
     def supersede(
@@ -236,8 +238,9 @@ class WindowSearch:
         self.last_rival = key
         cfg = self.cfg
         score = replay_score(
-            windows, base, champion.normalizer, cfg.replays, self.seed, cfg.warmup_workflows
-        )
+            windows, base, champion.normalizer, cfg.replays, self.seed, cfg.warmup_workflows,
+            self.replays,
+        )  # fmt: skip
         start, held = score(champion.model), score(rival.model)
         if beats(held, start, cfg):
             return None
@@ -281,22 +284,26 @@ def replay_score(
     replays: int,
     seed: int,
     warmup: int | None = None,
+    replays_where: Replays | None = None,
 ) -> Score:
     """How a model served (deterministically) does over `replays` replays of each of
     `windows`: mean judged JCT and SLA, the same draws for every model scored (common random
     numbers). `seed` should differ from the judge's, so that the judge's draws are not the
-    ones searched on. `warmup`: as `ObservedWindow.world` takes it."""
+    ones searched on. `warmup`: as `ObservedWindow.world` takes it. `replays_where`: where
+    the replays run (`sim.replay_pool`; by default in this thread)."""
     worlds = [(w.index, w.world(base, warmup)) for w in windows]
     if not worlds:
         raise ValueError("no recorded window to search on")
 
+    where: Replays = replays_where if replays_where is not None else InThread()
+
     def score(model: ActorCritic) -> Scored:
-        sched = GNNScheduler(model, normalizer, "search")
-        runs = [
-            play(world, SchedulerPolicy(sched, "search"), s)
+        policy = PolicyOf(GNNScheduler(model, normalizer, "search"), "search")
+        jobs = [
+            Plays(world, policy, [replay_seed(seed, index, k) for k in range(replays)])
             for index, world in worlds
-            for s in (replay_seed(seed, index, k) for k in range(replays))
         ]
+        runs = [r for got in where.play_many(jobs) for r in got]
         per = tuple(r.judged_jct_s for r in runs)
         return Scored(float(np.mean(per)), float(np.mean([r.sla for r in runs])), per)
 

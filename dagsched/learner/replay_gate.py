@@ -48,8 +48,9 @@ from dagsched.learner.sequential import Verdict
 from dagsched.schemas.messages import DecisionBatchMsg, DecisionLogMsg
 from dagsched.settings import Settings
 from dagsched.sim.config import ScenarioConfig
+from dagsched.sim.replay_pool import replays_for
 from dagsched.sim.replay_world import PolicyFactory, as_served
-from dagsched.sim.snapshot import SchedulerPolicy
+from dagsched.sim.snapshot import PolicyOf
 
 Pair = tuple[str, str]  # (champion, challenger) version ids, "v3"
 
@@ -134,7 +135,8 @@ class ReplayGate(Generic[F]):
         self.pair: Pair | None = None
         self.champion: str | None = None
         self.fidelity = FidelityPool(cfg.fidelity_windows)  # every pair's, and none's
-        self.judge = ReplayJudge(cfg, base, self.fidelity)
+        self.replays = replays_for(cfg.workers)  # every pair's judge's, and a search's
+        self.judge = ReplayJudge(cfg, base, self.fidelity, self.replays)
         self.won: WindowReport | None = None  # the pair's replay win, waiting for the canary
         self.waiting: deque[ObservedWindow] = deque(maxlen=MAX_WAITING)
         # closed windows no pair is judged on, to measure: fidelity only
@@ -170,7 +172,7 @@ class ReplayGate(Generic[F]):
         if pair == self.pair:
             return
         self.pair = pair
-        self.judge = ReplayJudge(self.cfg, self.base, self.fidelity)
+        self.judge = ReplayJudge(self.cfg, self.base, self.fidelity, self.replays)
         self.won = None
         # judged on traffic still to come: the first window that starts after this arrival
         self.fresh_from = -(-self.recorder.arrivals // self.cfg.window_workflows)
@@ -255,8 +257,12 @@ class ReplayGate(Generic[F]):
         got = self._factories.get(version)
         if got is None:
             sched = self.load(version.removeprefix("v"))
-            got = self._factories[version] = lambda _seed: SchedulerPolicy(sched, version)
+            got = self._factories[version] = PolicyOf(sched, version)
         return got
+
+    def close(self) -> None:
+        """Stop the replays' worker processes, if any ran."""
+        self.replays.close()
 
 
 def replay_verdict(report: WindowReport, canary: str = "") -> Verdict:

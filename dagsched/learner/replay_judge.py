@@ -46,13 +46,13 @@ from dagsched.core.workflow import Workflow
 from dagsched.learner.sequential import PAIRED_METRICS, PairedRule, PairedTest, Verdict
 from dagsched.service_config import ReplaySettings
 from dagsched.sim.config import ScenarioConfig
+from dagsched.sim.replay_pool import InThread, Replays, play_one
 from dagsched.sim.replay_world import (
     NodeSpec,
     PolicyFactory,
     ReplayResult,
     ReplayWorld,
     as_served,
-    play,
 )
 
 UNRELIABLE = "unreliable"
@@ -138,6 +138,9 @@ class ReplayJudgeConfig:
     fidelity_replays: int | None = None
     rule: PairedRule = field(default_factory=PairedRule)
     seed: int = 0
+    # where the replays run (`sim.replay_pool.replays_for`): 1 this thread, 0 one process
+    # per core, N that many processes
+    workers: int = 1
 
 
 @dataclass
@@ -653,6 +656,7 @@ def config_from(cfg: ReplaySettings) -> ReplayJudgeConfig:
         fidelity_replays=cfg.fidelity_replays,
         rule=rule,
         seed=cfg.seed,
+        workers=cfg.workers,
     )
 
 
@@ -727,13 +731,19 @@ class ReplayJudge:
     """Paired replays of recorded windows -> the paired sequential test (see the module
     docstring). One test per (champion, challenger) pair: `reset` starts a new one.
     `fidelity`: the pool fidelity is measured over (shared with the judges of other pairs
-    by `learner.replay_gate`; by default the judge's own)."""
+    by `learner.replay_gate`; by default the judge's own). `replays`: where the replays run
+    (`sim.replay_pool`; by default in the calling thread)."""
 
     def __init__(
-        self, cfg: ReplayJudgeConfig, base: ScenarioConfig, fidelity: FidelityPool | None = None
+        self,
+        cfg: ReplayJudgeConfig,
+        base: ScenarioConfig,
+        fidelity: FidelityPool | None = None,
+        replays: Replays | None = None,
     ) -> None:
         self.cfg = cfg
         self.base = base
+        self.replays: Replays = replays if replays is not None else InThread()
         self.test = PairedTest(cfg.rule)
         self.reports: list[WindowReport] = []
         self.fidelity = fidelity if fidelity is not None else FidelityPool(cfg.fidelity_windows)
@@ -746,11 +756,9 @@ class ReplayJudge:
         self, world: ReplayWorld, policy: PolicyFactory, window: int, n: int | None = None
     ) -> list[ReplayResult]:
         """K replays of one version over `world` (the first `n` of them, when given)."""
-        out = []
-        for k in range(self.cfg.replays if n is None else min(n, self.cfg.replays)):
-            s = replay_seed(self.cfg.seed, window, k)
-            out.append(play(world, policy(s), s))
-        return out
+        count = self.cfg.replays if n is None else min(n, self.cfg.replays)
+        seeds = [replay_seed(self.cfg.seed, window, k) for k in range(count)]
+        return play_one(self.replays, world, policy, seeds)
 
     def judge(
         self,

@@ -130,11 +130,15 @@ class LearnerService:
         # evaluator records them, for its rounds to replay
         self.gate: ReplayGate[MessageFeed] | None = None
         self.recording: Recording | None = None
-        self.searches = WindowSearch(self.cfg.search, config_from(settings.evaluator.replay).seed)
         self._stop: asyncio.Event | None = None  # `run`'s: a search in its thread stops on it
         if self.cfg.method == "search":
             self.gate = ReplayGate.on_wire(settings, self.registry.load)
             self.recording = Recording(WorkflowOutcomes(self.joiner), self.gate.feed)
+        self.searches = WindowSearch(
+            self.cfg.search,
+            config_from(settings.evaluator.replay).seed,
+            self.gate.replays if self.gate is not None else None,
+        )
 
     async def run(self, stop: asyncio.Event) -> None:
         consumer = _consumer(
@@ -180,6 +184,8 @@ class LearnerService:
         finally:
             with contextlib.suppress(Exception):
                 await consumer.stop()
+            if self.gate is not None:
+                await asyncio.to_thread(self.gate.close)
 
     def challenger_busy(self) -> bool:
         """A challenger is under A/B test and may not be replaced (`replace_challenger` off):
@@ -479,6 +485,8 @@ class EvaluatorService:
             with contextlib.suppress(Exception):
                 await lease.release()
             await redis.aclose()
+            if self.gate is not None:  # after `_serve` let go of a window in its replays
+                await asyncio.to_thread(self.gate.close)
 
     async def _serve(self, stop: asyncio.Event, lease: Lease, tick: float) -> None:
         log.info("evaluator.lease_taken", actor=self.actor)

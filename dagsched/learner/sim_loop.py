@@ -181,6 +181,7 @@ class SimLoop:
         sim = Simulator(scenario, gate.feed.workflows(workflows), seed=seed)
         gate.feed.attach(sim)
         self.gate = gate
+        self.searches.replays = gate.replays
         return sim
 
     def run(
@@ -213,6 +214,8 @@ class SimLoop:
                 self._supersede_round(sim.now)
         if progress is not None and len(self.samples) != ended:  # ends after the last decision
             progress(len(self.samples))
+        if self.gate is not None:  # the replays' workers, if any; a later `run` starts others
+            self.gate.close()
         for run in sim.active.values():  # in flight at the end: arm and version of first task
             wf = run.wf
             if wf.id not in self.workflows:

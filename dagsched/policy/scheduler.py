@@ -79,6 +79,11 @@ class GNNScheduler:
         self._dags = DagCache()
         self._encoding_rows: int | None = None  # None: `Encodings`' default
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as its model, normalizer, version and mode: a copy starts with empty
+        caches and the eager forward pass (replays in worker processes)."""
+        return (GNNScheduler, (self.model, self.normalizer, self.version, self.deterministic))
+
     def bound_caches(self, dag_rows: int, encoding_rows: int) -> GNNScheduler:
         """Bound what this scheduler keeps across batches, in task rows: the DAG inputs
         (`DagCache`) and the encoded DAGs of its numpy mirror (`Encodings`); the daemon's

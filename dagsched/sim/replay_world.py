@@ -206,18 +206,25 @@ class AsServed:
         return [d for policy, mine in shares.values() if mine for d in policy.decide(sim, mine)]
 
 
-def as_served(main: PolicyFactory, served_by: Mapping[str, PolicyFactory]) -> PolicyFactory:
+class AsServedFactory:
     """A factory of `AsServed` policies: for each seed, one fresh policy per distinct
-    factory, `main`'s for the workflows `served_by` does not name."""
+    factory, `main`'s for the workflows `served_by` does not name. It pickles when its
+    factories do (replays in worker processes: `sim.replay_pool`)."""
 
-    def make(seed: int) -> Policy:
+    def __init__(self, main: PolicyFactory, served_by: Mapping[str, PolicyFactory]) -> None:
+        self.main, self.served_by = main, dict(served_by)
+
+    def __call__(self, seed: int) -> Policy:
         made: dict[int, Policy] = {}
-        for f in served_by.values():
+        for f in self.served_by.values():
             if id(f) not in made:
                 made[id(f)] = f(seed)
-        return AsServed(main(seed), {i: made[id(f)] for i, f in served_by.items()})
+        return AsServed(self.main(seed), {i: made[id(f)] for i, f in self.served_by.items()})
 
-    return make
+
+def as_served(main: PolicyFactory, served_by: Mapping[str, PolicyFactory]) -> PolicyFactory:
+    """`AsServedFactory(main, served_by)`."""
+    return AsServedFactory(main, served_by)
 
 
 def play(world: ReplayWorld, policy: Policy, seed: int) -> ReplayResult:

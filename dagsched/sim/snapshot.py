@@ -91,6 +91,18 @@ def task_view(t: TaskRun, sim: Simulator | None = None) -> TaskView:
     )
 
 
+class PolicyOf:
+    """The policy factory of one scheduler (deterministic, so one for every replay's seed): it
+    pickles when the scheduler does, so that replays can run in worker processes
+    (`sim.replay_pool`)."""
+
+    def __init__(self, scheduler: Scheduler, name: str | None = None) -> None:
+        self.scheduler, self.name = scheduler, name
+
+    def __call__(self, seed: int) -> SchedulerPolicy:
+        return SchedulerPolicy(self.scheduler, self.name)
+
+
 class SchedulerPolicy:
     """Run a `Scheduler` inside the simulator."""
 

@@ -133,7 +133,7 @@ def test_the_served_loop_row_shows_the_replay_after_the_searches_are_listed(caps
     tell(story, CONTEXT)
     out = capsys.readouterr().out
     assert "windows 2, 3: mem +0.10 (+4.0% on the replays)" in out
-    loop = next(line for line in out.splitlines() if line.startswith("dagsched loop"))
+    loop = next(line for line in out.splitlines() if line.startswith("served loop"))
     assert "0.812" in loop and "1234.6" in loop, loop  # the replay's SLA and mean JCT
 
 
