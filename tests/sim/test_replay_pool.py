@@ -25,8 +25,8 @@ from dagsched.sim.replay_pool import (
     replays_for,
 )
 from dagsched.sim.replay_world import as_served
-from dagsched.sim.runs import Policy
 from dagsched.sim.runner import make_policy, stream_workflows
+from dagsched.sim.runs import Policy
 from dagsched.sim.snapshot import PolicyOf
 
 
