@@ -40,6 +40,14 @@ X, DASH = "\u00d7", "\u2013"  # times and en dash, in the pages' prose
 WORLD_SINCE = "2026-12-01T03:00:00Z"
 WORLD_IS = "hidden truth (tasks do not use what they declare) and nodes that backfill"
 
+REPLAY_SPEED_COLUMNS = [
+    "workers",
+    "pool start (s)",
+    "window (s)",
+    "replays/s",
+    "speed-up",
+    "same results",
+]
 BASELINES = ["heft_history", "heft", "tetris", "least_loaded", "first_fit", "random"]
 
 
@@ -642,6 +650,30 @@ def speed_page() -> list[str]:
                     ]
                 ],
             ),
+        )
+    if src := load("replay_speed.json"):
+        cfg = src.data["config"]
+        rows = [
+            [
+                r["workers"],
+                num(r["startup_s"], 1),
+                num(r["window_s"], 1),
+                num(r["replays_per_s"], 2),
+                f"{r['speedup']:.2f}{X}",
+                "yes" if r["same_results"] else "NO",
+            ]
+            for r in src.data["runs"]
+        ]
+        out += section(
+            "Replay judge",
+            f"One window of the `shift` profile judged as the evaluator judges it: K="
+            f"{cfg['replays']} replays of the champion and K of a challenger, "
+            f"{num(cfg['replayed_workflows'])} workflows replayed each (warm-up, window, later "
+            "arrivals), in the service's thread (1 worker) and in worker processes "
+            "(`evaluator.replay.workers`). The pool's start-up is paid once per service.",
+            src,
+            "python bench/replay_speed.py",
+            table(REPLAY_SPEED_COLUMNS, rows),
         )
     if src := load("inference_speed.json"):
         out += section(

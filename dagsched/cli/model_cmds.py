@@ -245,20 +245,22 @@ def _duration_s(text: str) -> float:
 
 def _compare_policy(ctx: typer.Context, ref: str) -> tuple[str, Any]:
     """A baseline by name, or a version / alias URI / bundle folder from the registry."""
+    from functools import partial
+
     from dagsched.sim.runner import POLICY_NAMES, make_policy
 
     if ref in POLICY_NAMES:
-        return ref, lambda seed: make_policy(ref, seed)
+        return ref, partial(make_policy, ref)  # picklable: replays may run in worker processes
     from dagsched.registry.errors import RegistryError
     from dagsched.registry.store import Registry
     from dagsched.registry.uri import load_model
-    from dagsched.sim.snapshot import SchedulerPolicy
+    from dagsched.sim.snapshot import PolicyOf
 
     try:
         name, sched = load_model(Registry(state(ctx).settings()), ref)
     except (RegistryError, ValueError, OSError) as exc:
         raise typer.BadParameter(f"{ref}: {exc}") from None
-    return name, lambda _seed: SchedulerPolicy(sched)
+    return name, PolicyOf(sched)
 
 
 @models_app.command("compare")
@@ -284,6 +286,7 @@ def compare_cmd(
     the broker, served by whatever served it), then both replay it K times with common
     random numbers; per-replay differences (B - A) go through the paired test."""
     from dagsched.learner.replay_judge import ReplayJudge, config_from
+    from dagsched.sim.replay_pool import replays_for
 
     span = _duration_s(window)
     if png is not None and not png.parent.is_dir():
@@ -299,11 +302,14 @@ def compare_cmd(
     else:
         wins = _simulated_windows(settings, cfg, span, window, seed, pol_a)
         source = f"simulated window ({window}, seed {seed}, served by {name_a})"
-    judge = ReplayJudge(cfg, settings.sim)
-    with progress_bar("windows", enabled=stderr_is_tty() and not as_json) as bar:
-        for i, w in enumerate(wins):
-            judge.judge(w, pol_a, pol_b)
-            bar(i + 1, len(wins))
+    judge = ReplayJudge(cfg, settings.sim, replays=replays_for(cfg.workers))
+    try:
+        with progress_bar("windows", enabled=stderr_is_tty() and not as_json) as bar:
+            for i, w in enumerate(wins):
+                judge.judge(w, pol_a, pol_b)
+                bar(i + 1, len(wins))
+    finally:
+        judge.replays.close()
     doc = _compare_doc(name_a, name_b, source, judge)
     if png is not None:
         _compare_png(doc, png)

@@ -87,10 +87,10 @@ class InThread:
 
 
 def _quiet_worker() -> None:
-    """A worker's start: one thread for torch's kernels (the workers are the parallelism)."""
-    import torch
-
-    torch.set_num_threads(1)
+    """A worker's start, before its first job is unpickled and imports torch: one thread for
+    torch's kernels, since the workers are the parallelism."""
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[var] = "1"
 
 
 def _runs(seeds: Sequence[int], parts: int) -> list[Sequence[int]]:
