@@ -236,6 +236,10 @@ class LearnerSettings(_Strict):
     # job-queue seconds without word of an attempt, its node's heartbeats included: then the
     # default outcome
     outcome_timeout_s: float = Field(default=600.0, gt=0)
+    # the longest one round (a fine-tuning or a search) may keep the learner from polling the
+    # broker before its consumer group counts it gone and reads its records again (Kafka's
+    # max.poll.interval): a search over large windows takes minutes
+    max_round_s: float = Field(default=3600.0, gt=0)
     learning_rate: float = Field(default=1e-4, gt=0)
     clip_coef: float = Field(default=0.2, gt=0)
     ent_coef: float = Field(default=0.0, ge=0)

@@ -77,7 +77,11 @@ LEASE_KEY = "dagsched:evaluator:lease"
 BUSY_RECHECK_S = 2.0  # how often a learner with a full window asks if the challenger is judged
 
 
-def _consumer(settings: Settings, group: str, *names: str) -> AIOKafkaConsumer:
+def _consumer(
+    settings: Settings, group: str, *names: str, max_poll_interval_s: float = 300.0
+) -> AIOKafkaConsumer:
+    """A consumer of `names` in `group`, committing by hand; it may go `max_poll_interval_s`
+    between polls before the group takes its partitions away."""
     return AIOKafkaConsumer(
         *(settings.topic(n) for n in names),
         bootstrap_servers=settings.kafka_bootstrap,
@@ -85,6 +89,7 @@ def _consumer(settings: Settings, group: str, *names: str) -> AIOKafkaConsumer:
         enable_auto_commit=False,
         auto_offset_reset="earliest",
         fetch_max_wait_ms=50,
+        max_poll_interval_ms=int(max_poll_interval_s * 1000),
     )
 
 
@@ -141,9 +146,11 @@ class LearnerService:
         )
 
     async def run(self, stop: asyncio.Event) -> None:
+        # a round (a search: minutes) runs between two polls
         consumer = _consumer(
-            self.settings, self.cfg.group_id, "tasks", "decisions", "decisionlog", "events"
-        )
+            self.settings, self.cfg.group_id, "tasks", "decisions", "decisionlog", "events",
+            max_poll_interval_s=self.cfg.max_round_s,
+        )  # fmt: skip
         await consumer.start()
         self._stop = stop
         next_check = 0.0
