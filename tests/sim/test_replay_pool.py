@@ -10,8 +10,6 @@ from typing import Any
 
 from dagsched.learner.replay_feed import record_run
 from dagsched.learner.replay_judge import ObservedWindow, TrafficRecorder
-from dagsched.policy.bundle import load_bundle
-from dagsched.registry.store import SHIPPED_CHAMPION
 from dagsched.settings import load_settings
 from dagsched.sim.config import ScenarioConfig
 from dagsched.sim.engine import Simulator
@@ -48,6 +46,10 @@ def test_seeds_are_cut_into_one_contiguous_run_per_worker() -> None:
 
 
 def test_worker_processes_replay_exactly_as_this_thread_does() -> None:
+    # torch only here: a worker unpickling `_Announcing` imports this module, and need not
+    from dagsched.policy.bundle import load_bundle
+    from dagsched.registry.store import SHIPPED_CHAMPION
+
     obs, sc = _window()
     world = obs.world(sc)
     gnn = PolicyOf(load_bundle(SHIPPED_CHAMPION, "v1"), "v1")
