@@ -13,7 +13,8 @@ either way, in the same order (`tests/sim/test_replay_pool.py`).
   worker that dies (killed for memory) breaks the pool: the call is played again in this
   thread, and the next call starts a fresh pool. `close` stops the workers at once, replays
   under way included (a service stopping does not wait for a window's replays): a call they
-  were playing raises `ReplaysClosed`; the next call starts a fresh pool.
+  were playing raises `ReplaysClosed`; the next call starts a fresh pool. A worker whose
+  service was killed without closing it exits within a second.
 
 `replays_for(workers)` gives the one a setting asks for: 1 in this thread, 0 one process per
 core, N that many.
@@ -25,6 +26,7 @@ import itertools
 import multiprocessing
 import os
 import threading
+import time
 import weakref
 from collections.abc import Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -86,11 +88,25 @@ class InThread:
         pass
 
 
-def _quiet_worker() -> None:
+# how often a worker checks that the process that started it is still there
+PARENT_CHECK_S = 1.0
+
+
+def _start_worker(parent: int) -> None:
     """A worker's start, before its first job is unpickled and imports torch: one thread for
-    torch's kernels, since the workers are the parallelism."""
+    torch's kernels, since the workers are the parallelism; and a watch on `parent` (the
+    process that started the pool). A worker blocks waiting for work on a queue it holds
+    both ends of, so a parent killed without closing its pool would leave it waiting for
+    good: it exits once it finds itself adopted by another process."""
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[var] = "1"
+    threading.Thread(target=_exit_with, args=(parent,), daemon=True).start()
+
+
+def _exit_with(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(PARENT_CHECK_S)
+    os._exit(0)
 
 
 def _runs(seeds: Sequence[int], parts: int) -> list[Sequence[int]]:
@@ -119,7 +135,8 @@ class WorkerPool:
                 self._pool = ProcessPoolExecutor(
                     self.workers,
                     mp_context=multiprocessing.get_context("spawn"),
-                    initializer=_quiet_worker,
+                    initializer=_start_worker,
+                    initargs=(os.getpid(),),
                 )
             return self._pool
 

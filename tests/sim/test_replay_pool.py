@@ -4,7 +4,10 @@ closed under a call stops it instead of playing on."""
 from __future__ import annotations
 
 import multiprocessing
+import subprocess
+import sys
 import threading
+import time
 from functools import partial
 from typing import Any
 
@@ -113,3 +116,54 @@ def test_closing_the_pool_stops_a_call_under_way() -> None:
 
 def test_zero_workers_means_one_per_core() -> None:
     assert replays_for(0).workers == cores()
+
+
+_SERVICE = """
+import os, sys
+from functools import partial
+from dagsched.sim.replay_pool import Plays, WorkerPool
+from dagsched.sim.runner import make_policy
+from tests.sim.test_replay_pool import _window
+
+obs, sc = _window()
+pool = WorkerPool(2)
+pool.play_many([Plays(obs.world(sc, 0), partial(make_policy, "heft_history"), [1, 2])])
+me = str(os.getpid())
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        stat = open(f"/proc/{pid}/stat").read()
+        cmd = open(f"/proc/{pid}/cmdline").read()
+    except OSError:
+        continue
+    if stat.rsplit(")", 1)[1].split()[1] == me and "spawn_main" in cmd:
+        print(pid, flush=True)
+print("ready", flush=True)
+sys.stdin.read()  # until killed
+"""
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_workers_exit_when_their_service_is_killed() -> None:
+    service = subprocess.Popen(
+        [sys.executable, "-c", _SERVICE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert service.stdout is not None
+    workers = []
+    for line in service.stdout:
+        if line.strip() == "ready":
+            break
+        workers.append(int(line))
+    assert len(workers) == 2 and all(_running(w) for w in workers)
+    service.kill()  # no close, no clean-up: kill -9
+    service.wait()
+    deadline = time.monotonic() + 30
+    while any(_running(w) for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)  # polling processes that are not ours to wait for
+    assert not any(_running(w) for w in workers)
