@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 def cluster_view(sim: Simulator) -> ClusterView:
     """The simulator's cluster now, as a `ClusterView`."""
     c, now = sim.cluster, sim.now
+    slowdown = np.array(c.observed_slowdown)
     return ClusterView(
         now=now,
         node_ids=[f"node-{i:04d}" for i in range(c.n)],
@@ -40,17 +41,18 @@ def cluster_view(sim: Simulator) -> ClusterView:
         queued_core_s=np.array(c.queued_core_s),
         net_in_bytes=np.array([c.net_in_bytes(i, now) for i in range(c.n)]),
         failure_rate=np.array([c.failure_rate(i, now) for i in range(c.n)]),
-        slowdown=np.array(c.observed_slowdown),
+        slowdown=slowdown,
         used_cores=np.array([u[0] for u in sim.node_use]),
         used_mem=np.array([u[1] for u in sim.node_use]),
-        running=running_attempts(sim),
+        running=running_attempts(sim, slowdown),
     )
 
 
-def running_attempts(sim: Simulator) -> RunningAttempts:
+def running_attempts(sim: Simulator, slowdown: np.ndarray) -> RunningAttempts:
     """The attempts running now, as a node agent and the job queue know them: each one's
     start and cold start, its declared compute time at its node's advertised speed, and its
-    family's predicted runtime ratio (`RunningAttempts.on_nodes`)."""
+    family's predicted runtime ratio, on nodes of measured `slowdown` (the view's:
+    `RunningAttempts.on_nodes`)."""
     c, history = sim.cluster, sim.history
     node: list[int] = []
     began: list[float] = []
@@ -68,7 +70,7 @@ def running_attempts(sim: Simulator) -> RunningAttempts:
             began.append(r.start_s + r.spec.cold_start_s)
             advertised.append(r.advertised_s)
             ratio.append(x)
-    return RunningAttempts.on_nodes(node, began, advertised, ratio, np.array(c.observed_slowdown))
+    return RunningAttempts.on_nodes(node, began, advertised, ratio, slowdown)
 
 
 def task_view(t: TaskRun, sim: Simulator | None = None) -> TaskView:
