@@ -80,10 +80,10 @@ async def test_primary_killed_under_load_loses_and_changes_no_decision(
     tmp_path: Path,
     start_daemon: Callable[..., Any],
 ) -> None:
-    # the guarantee holds while the replica acknowledges within the timeout: under a loaded
-    # test run its lag reached 500 ms, so allow it twice that
+    # the guarantee holds while the replica acknowledges within the timeout: in a loaded test
+    # run (worker processes importing torch beside it) 1 s was passed, so allow it 5
     s = await on_set(broker, sentinel_set, tmp_path, redis_wait_replicas=1,
-                     redis_wait_timeout_ms=1000)  # fmt: skip
+                     redis_wait_timeout_ms=5000)  # fmt: skip
     client = await Client(s).start()
     try:
         first = await start_daemon(s)
