@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+import signal
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -12,6 +14,9 @@ from rich.console import Console
 from dagsched.cli.console import fitting_table, progress_bar, stderr_is_tty
 from dagsched.cli.context import state
 from dagsched.reporting import format_number
+
+T = TypeVar("T")
+SIGTERM_EXIT = 128 + signal.SIGTERM  # the shell's code for a process ended by SIGTERM
 
 # The comparison's columns: metric key, header (words, so a narrow terminal wraps them).
 KEYS: tuple[tuple[str, str], ...] = (
@@ -52,11 +57,14 @@ def demo_cmd(
 
     settings = state(ctx).settings()
     with progress_bar("replaying workflows", enabled=stderr_is_tty()) as progress:
-        story = asyncio.run(
-            run_demo(
-                settings, workflows, seed, shift, progress, shift_at, wait_for_loop, hold_max_s
-            )
+        demo = run_demo(
+            settings, workflows, seed, shift, progress, shift_at, wait_for_loop, hold_max_s
         )
+        try:
+            story = run_until_sigterm(demo)
+        except asyncio.CancelledError:
+            typer.echo("dagsched demo: stopped by SIGTERM", err=True)
+            raise typer.Exit(SIGTERM_EXIT) from None
     context = heuristic_context(settings, workflows, story.shift_at_s, seed)
     doc = story.to_dict()
     if as_json:
@@ -64,6 +72,23 @@ def demo_cmd(
         typer.echo(json.dumps(doc, default=str))
         return
     tell(doc, context)
+
+
+def run_until_sigterm(coro: Coroutine[Any, Any, T]) -> T:
+    """`asyncio.run(coro)`, a SIGTERM cancelling it (`CancelledError`), so that its cleanup
+    runs as after Ctrl-C: the demo's services stop, its embedded broker and replay workers
+    with them, instead of the process dying with them running."""
+
+    async def main() -> T:
+        task = asyncio.ensure_future(coro)
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, task.cancel)
+        try:
+            return await task
+        finally:
+            loop.remove_signal_handler(signal.SIGTERM)
+
+    return asyncio.run(main())
 
 
 def tell(doc: dict[str, Any], context: list[dict[str, Any]]) -> None:
