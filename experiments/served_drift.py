@@ -6,8 +6,8 @@ plays one version both ways, with nothing learning or judging: served (embedded 
 Redis, one daemon replica serving the version, the simulator asking it over Kafka) and in
 the simulator's own process, on the same workload, shift and seed, and prints the mean JCT
 of each window of `--window` arrivals side by side. At the end of the served run it reads
-the daemon's reservation ledger in Redis: queued and running attempts, and per node kind
-the free cores and memory it holds.
+the daemon's reservation ledger in Redis once its updater has applied every event: queued
+and running attempts, and per node kind the free cores and memory it holds.
 
     .venv/bin/python experiments/served_drift.py [--workflows 1400] [--seed 0]
         [--shift-at 0.1] [--window 100] [--moved mem=0.2] [--out FILE]
@@ -32,6 +32,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from dagsched.core.view import NODE_KINDS
+from dagsched.core.workflow import Workflow
 from dagsched.daemon.broker import embedded_broker
 from dagsched.daemon.redis_state import RedisState, connect
 from dagsched.daemon.replay import Replay, ReplayConfig
@@ -44,7 +45,7 @@ from dagsched.registry.store import SHIPPED_CHAMPION
 from dagsched.settings import Settings, load_settings
 from dagsched.sim.engine import Simulator
 from dagsched.sim.replay_world import WorkflowEnds
-from dagsched.sim.runner import generate_workflows
+from dagsched.sim.runner import stream_workflows
 from dagsched.sim.snapshot import SchedulerPolicy
 
 console = Console()
@@ -69,9 +70,14 @@ class Played:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def in_process(s: Settings, bundle: GNNScheduler, seed: int) -> Played:
+def workload(s: Settings, seed: int, n: int) -> list[Workflow]:
+    """The workflows both ways play: those `dagsched sim replay` streams for `seed`."""
+    return list(stream_workflows(s.sim, seed, n))
+
+
+def in_process(s: Settings, bundle: GNNScheduler, seed: int, n: int) -> Played:
     """The run in the simulator's own process."""
-    wfs = generate_workflows(s.sim, seed)
+    wfs = workload(s, seed, n)
     ends = WorkflowEnds(frozenset(w.id for w in wfs))
     sim = Simulator(s.sim, wfs, seed=seed, on_outcome=ends)
     ends.sim = sim
@@ -179,11 +185,11 @@ def main() -> None:
     workload = replace(s.sim.workload, workflows=n)
     s = s.model_copy(update={"sim": replace(s.sim, shift=shift, workload=workload)})
     t0 = time.monotonic()
-    here = in_process(s, version(moved), args.seed)
+    here = in_process(s, version(moved), args.seed, n)
     console.print(f"in process: {len(here.rows)} ended in {time.monotonic() - t0:.0f} s")
     there = asyncio.run(served(s, version(moved), args.seed, n))
     console.print(f"served: {len(there.rows)} ended in {there.extra['wall_s']:.0f} s")
-    arrivals = sorted(w.arrival_s for w in generate_workflows(s.sim, args.seed))
+    arrivals = [w.arrival_s for w in workload(s, args.seed, n)]
     w_here = windows(here.rows, arrivals, args.window)
     w_there = windows(there.rows, arrivals, args.window)
     table = Table(title=f"mean JCT per {args.window} arrivals, shift seed {args.seed}"
