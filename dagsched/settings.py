@@ -49,6 +49,21 @@ MAX_DEPTH = 32
 SHOWN_CHARS = 60  # of a bad value, in an error line
 
 
+class _Yaml12Loader(yaml.SafeLoader):
+    """PyYAML's safe loader with YAML 1.2's booleans: only true and false. YAML 1.1 also reads
+    `yes`, `no`, `on` and `off` as booleans, so a setting named `no` became the key False.
+    As values they stay text, which the settings' boolean fields accept."""
+
+
+_Yaml12Loader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Yaml12Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
+
+
 class SettingsError(ValueError):
     """Configuration is invalid; the message is one line naming the offending key path."""
 
@@ -255,7 +270,7 @@ def read_yaml(path: Path) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         raise SettingsError(f"{path}: not UTF-8 text ({exc.reason})") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_Yaml12Loader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""

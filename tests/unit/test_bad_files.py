@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from dagsched.settings import Settings
@@ -82,6 +82,8 @@ def test_a_bad_value_in_a_profile_is_one_line_error(cli, tmp_path, path, value):
 
 @CLI_PROPERTY
 @given(st.lists(st.from_regex(r"[a-z_]{1,12}", fullmatch=True), min_size=1, max_size=4))
+@example(path=["no"])  # YAML 1.1 reads it as the boolean False
+@example(path=["sim", "on"])
 def test_an_unknown_key_is_named(cli, tmp_path, path):
     known = {".".join(p[: len(path)]) for p in LEAVES}
     if ".".join(path) in known or any(".".join(p).startswith(".".join(path) + ".") for p in LEAVES):
@@ -140,3 +142,16 @@ def test_a_deeply_nested_wfformat_file_is_one_line_error(cli, tmp_path, n, opene
     closer = "]" if opener == "[" else "}"
     content = (opener * n + "1" + closer * n).encode()
     assert_one_line_error(cli(*WF, wfformat_file(tmp_path, content)), "nested deeper than 64")
+
+
+def test_yes_no_on_off_are_text_as_names_and_booleans_as_values(tmp_path: Path) -> None:
+    """Settings files read YAML 1.2's booleans: `off` is still a boolean value for a boolean
+    setting (the field parses the text), while a setting named `no` is a name."""
+    from dagsched.settings import read_yaml
+
+    path = tmp_path / "p.yaml"
+    path.write_text("train:\n  curriculum: off\n  reward_norm: yes\nno: 1\n")
+    data = read_yaml(path)
+    assert data["no"] == 1 and data["train"] == {"curriculum": "off", "reward_norm": "yes"}
+    s = Settings.model_validate({"train": data["train"]})
+    assert s.train.curriculum is False and s.train.reward_norm is True
