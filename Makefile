@@ -15,7 +15,7 @@ DEMO_WORKFLOWS ?= 200
 # third for a sixth more CPU. TEST_WORKERS=0 runs everything in this process.
 TEST_WORKERS ?= 2
 
-.PHONY: setup lint test docs demo bench clean
+.PHONY: setup lint style test docs demo bench clean
 
 # The torch check runs every time (a no-op in 0.1 s when the asked build is there), so that a
 # new TORCH_INDEX replaces the build of an existing .venv.
@@ -33,18 +33,28 @@ $(STAMP): pyproject.toml
 	$(PIP) install -e '.[dev]'
 	touch $@
 
-lint: setup
+MYPY := $(VENV)/bin/mypy dagsched tools
+
+lint: setup style
+	$(MYPY)
+
+style: setup
 	$(VENV)/bin/ruff check dagsched tests bench experiments tools
 	$(VENV)/bin/ruff format --check dagsched tests bench experiments tools
-	$(VENV)/bin/mypy dagsched tools
 
 export NO_MKDOCS_2_WARNING := 1
 
 # The docs build strictly before the tests: a broken link or a page missing from the nav fails
 # CI. Its hook (tools/docs_hooks.py) regenerates the results pages and the CLI reference first.
-test: setup lint
+# mypy (a minute on one core from a cold cache) runs beside the tests, which spend much of their
+# time waiting on the broker, Redis and subprocesses; its report follows theirs, and either
+# failing fails the target.
+test: setup style
 	$(VENV)/bin/mkdocs build --strict --quiet
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal
+	@$(MYPY) > $(VENV)/mypy.out 2>&1 & typing=$$!; \
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal; tests=$$?; \
+	wait $$typing; typed=$$?; echo "mypy:"; cat $(VENV)/mypy.out; \
+	test $$tests -eq 0 -a $$typed -eq 0
 
 # The results pages, the CLI reference and README's results block from bench/results/*.json,
 # then the site in build/site (mkdocs.yml) (`$(VENV)/bin/mkdocs serve` to browse it while editing).

@@ -18,6 +18,9 @@ from dagsched.learner.train import train
 from dagsched.service_config import TrainSettings
 from dagsched.settings import SettingsError, load_settings
 from dagsched.sim.config import ScenarioConfig, WorkloadConfig
+from tests.unit.test_cli import cli
+
+__all__ = ["cli"]  # the fixture: the CLI in this process
 
 TINY = TrainSettings(num_envs=1, update_epochs=1, rollout_steps=64, minibatch_size=64)
 
@@ -70,7 +73,9 @@ def test_metrics_are_keyed_by_path() -> None:
         assert key in seen
 
 
-def test_cli_train_registers_the_first_version_as_champion(tmp_path: Path) -> None:
+def test_cli_train_registers_the_first_version_as_champion(
+    tmp_path: Path, cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
     env = {
         **os.environ,
         "DAGSCHED_HOME": str(tmp_path / "home"),
@@ -103,9 +108,9 @@ def test_cli_train_registers_the_first_version_as_champion(tmp_path: Path) -> No
     assert (tmp_path / "bundle" / "checksums.json").is_file()
     chart = tmp_path / "bundle" / "training.png"  # the curves of the run, for its reader
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    listed = subprocess.run(
-        [*cmd, "models", "list", "--json"], env=env, capture_output=True, text=True, timeout=120
-    )
+    # the listing in this process (an interpreter that imports torch and MLflow costs ~15 s)
+    monkeypatch.setenv("DAGSCHED_HOME", env["DAGSCHED_HOME"])
+    listed = cli("models", "list", "--json")
     assert listed.returncode == 0, listed.stderr[-2000:]
     rows = json.loads(listed.stdout)
     assert [r["version"] for r in rows] == ["1"]
