@@ -21,10 +21,9 @@ from dagsched.settings import Settings
 from tests.daemon.conftest import wait_for
 
 WORKFLOWS = 120
-# The replay publishes a workflow's arrival with no event at that instant, so the daemon's
-# view never catches up with the request and each such batch waits out `view_wait_ms` (250 ms
-# by default) before it is decided on the view it has. Here the verdicts are the subject, not
-# the freshness of views (tests/daemon/test_freshness.py): give up after a few fetch waits.
+# A batch whose view lags the event that made its task ready waits up to `view_wait_ms` (250 ms
+# by default) for the updater. Here the verdicts are the subject, not the freshness of views
+# (tests/daemon/test_freshness.py): give up after a few fetch waits.
 VIEW_WAIT_MS = 30.0
 
 

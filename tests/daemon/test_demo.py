@@ -23,7 +23,8 @@ async def test_demo_runs_the_loop_and_tells_what_happened(redis_url: str, tmp_pa
             "learner.outcome_timeout_s": 30.0,
             "daemon.challenger_share": 0.5,
             "evaluator.min_samples": 4,
-            # arrivals have no event at their instant: each would wait out the view's 250 ms
+            # a batch whose view lags gives up waiting soon: the story is the subject here,
+            # not fresh views (tests/daemon/test_freshness.py)
             "daemon.view_wait_ms": 30.0,
         },
     )
