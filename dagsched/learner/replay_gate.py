@@ -11,8 +11,9 @@ across pairs (`FidelityPool`): it is the replay's, whichever pair a window was j
 
 A closed window no pair is judged on is replayed as it was served, for fidelity only
 (`next_window` gives it as a `Job` that is not `judged`, `judge_window` measures it): one
-the champion served alone, or one that began before the challenger under test came (its
-workflows that another version served are played by that challenger). The fidelity is
+the champion served alone, one that began before the challenger under test came (its
+workflows that another version served are played by that challenger), or one after a
+promotion that the old champion shared (each workflow played by the version that served it). The fidelity is
 known before a challenger comes, and a new challenger's first windows are pooled with the
 windows before them instead of measured alone.
 
@@ -185,9 +186,10 @@ class ReplayGate(Generic[F]):
     def next_window(self) -> tuple[ObservedWindow, Job, ReplayJudge] | None:
         """The next closed window to replay, if any: judged for the pair under test, else
         measured for fidelity only. Judging comes first. A window no pair is judged on is
-        measured as it was served: by the champion alone, or, while a pair is under test,
-        with its challenger on the workflows another version served (a window that began
-        before the challenger came); one another, retired version shared is not."""
+        measured as it was served: each workflow by the version that served it, where the
+        recording knows them all (the windows after a promotion, which the old champion or
+        the new one's slice shared), else by the champion and, while a pair is under test,
+        by its challenger on the workflows another version served."""
         closed = self.recorder.ready(self.feed.families()) if self.recorder.closable() else []
         for w in closed:
             self.recent.append(w)
@@ -195,7 +197,7 @@ class ReplayGate(Generic[F]):
                 self.skipped += 1
                 if self.pair is not None:
                     self.unjudged.append((w, Job(*self.pair, judged=False)))
-                elif self.champion is not None and not w.elsewhere:
+                elif self.champion is not None and w.elsewhere <= w.served_by.keys():
                     self.unjudged.append((w, Job(self.champion, None, judged=False)))
                 continue
             if len(self.waiting) == self.waiting.maxlen:

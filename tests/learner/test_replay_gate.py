@@ -17,7 +17,7 @@ from dagsched.core.workflow import Workflow
 from dagsched.learner.live_ab import Sample
 from dagsched.learner.replay_feed import MessageFeed, record_run
 from dagsched.learner.replay_gate import Job, ReplayGate
-from dagsched.learner.replay_judge import MEASURED, ReplayJudge, TrafficRecorder
+from dagsched.learner.replay_judge import MEASURED, UNRELIABLE, ReplayJudge, TrafficRecorder
 from dagsched.schemas.messages import (
     NodeHeartbeatMsg,
     TaskFailedMsg,
@@ -292,3 +292,35 @@ def test_a_window_served_across_a_promotion_is_replayed_with_each_champion() -> 
     alone = gate.judge_window(replace(w, served_by={i: "v2" for i in w.jct_s}), job, gate.judge)
     assert report.own_fidelity is not None and alone.own_fidelity is not None
     assert report.own_fidelity.predicted_jct_s != alone.own_fidelity.predicted_jct_s
+
+
+def test_the_windows_after_a_promotion_are_measured_as_they_were_served() -> None:
+    """After a promotion no pair is under test, and the windows (their warm-ups too) hold
+    workflows the old champion and the new one's slice served: each is played by the
+    version that served it. A window with a workflow of unknown version is not measured."""
+    loaded: list[str] = []
+    gate = _gate(loaded)
+    gate.versions("v2", None)  # v2 was promoted; v1 served before, v2's slice alongside
+    jobs: list[int] = []
+    for i, wf in enumerate(stream_workflows(gate.base, 4, 60)):
+        gate.recorder.workflow(wf)
+        arm, version = ("challenger", "v2") if i % 3 == 0 else ("champion", "v1")
+        if i >= 40:
+            arm, version = "champion", "v2"
+        gate.ended(Sample(wf.id, arm, version, 1.0, -0.5, 0.3, None, 10.0 + i))
+        while (nxt := gate.next_window()) is not None:
+            obs, job, judge = nxt
+            assert job == Job("v2", None, judged=False)
+            report = gate.judge_window(obs, job, judge)
+            # replayed for fidelity only (these made-up JCTs are far from any replay's)
+            assert report.decision in (MEASURED, UNRELIABLE) and not report.diffs
+            assert report.own_fidelity is not None
+            jobs.append(obs.index)
+    assert jobs == [0, 1, 2] and sorted(set(loaded)) == ["1", "2"]
+
+    unknown = _gate([])
+    unknown.versions("v2", None)
+    for wf in stream_workflows(unknown.base, 5, 40):
+        unknown.recorder.workflow(wf)
+        unknown.recorder.ended(wf.id, 10.0, True, served=False)  # whose slice: not recorded
+    assert unknown.next_window() is None and unknown.skipped == 2
