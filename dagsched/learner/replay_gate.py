@@ -13,7 +13,8 @@ A closed window no pair is judged on is replayed as it was served, for fidelity 
 (`next_window` gives it as a `Job` that is not `judged`, `judge_window` measures it): one
 the champion served alone, one that began before the challenger under test came (its
 workflows that another version served are played by that challenger), or one after a
-promotion that the old champion shared (each workflow played by the version that served it). The fidelity is
+promotion that the old champion shared (each workflow played by the version that served
+it). The fidelity is
 known before a challenger comes, and a new challenger's first windows are pooled with the
 windows before them instead of measured alone.
 
