@@ -14,9 +14,8 @@ A closed window no pair is judged on is replayed as it was served, for fidelity 
 the champion served alone, one that began before the challenger under test came (its
 workflows that another version served are played by that challenger), or one after a
 promotion that the old champion shared (each workflow played by the version that served
-it). The fidelity is
-known before a challenger comes, and a new challenger's first windows are pooled with the
-windows before them instead of measured alone.
+it). The fidelity is known before a challenger comes, and a new challenger's first windows
+are pooled with the windows before them instead of measured alone.
 
 A pair is judged only on fresh windows: those whose every workflow arrived after the pair
 was set. A challenger is fitted to the traffic it was trained or searched on, so replaying it
