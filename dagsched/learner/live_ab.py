@@ -17,15 +17,25 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis.asyncio as aioredis
+import structlog
 
 from dagsched.learner.adjustment import Congestion, congestion, covariates
 from dagsched.learner.canary import CanaryCheck, CanaryRule, check
 from dagsched.learner.decision_log import DecisionLogError, decode_view
 from dagsched.learner.joining import Joined, OutcomeJoiner
-from dagsched.learner.sequential import ABTest, DecisionRule, Running, Verdict, compare
+from dagsched.learner.sequential import (
+    ABTest,
+    DecisionRule,
+    MetricStats,
+    Running,
+    Verdict,
+    compare,
+)
 from dagsched.schemas.messages import DecisionBatchMsg
 from dagsched.service_config import EvaluatorSettings
 from dagsched.sim.replay_world import FAILED_JCT_RATIO  # the replay judge counts failures alike
+
+log = structlog.get_logger(__name__)
 
 MAX_UNFINISHED = 100_000  # workflows whose covariates wait for their outcome
 
@@ -197,6 +207,7 @@ class Judge:
         self.test = ABTest(rule)
         self.canary: CanaryCheck | None = None  # the canary after the last challenger sample
         self.watch: tuple[str, Running, Running] | None = None  # (new champion, old, new)
+        self.cleared: list[tuple[str, MetricStats]] = []  # champions whose guardrail ended clean
         self.served = Running()  # SLA of every workflow the current champion served
 
     def versions(
@@ -236,6 +247,15 @@ class Judge:
                 return "rollback", Verdict("retire", text, self.rule.describe(), {"sla": stats})
             if new.n >= self.guardrail_window:
                 self.watch = None
+                self.cleared.append((version, stats))
+                log.info(
+                    "evaluator.guardrail_cleared",
+                    version=version,
+                    workflows=new.n,
+                    sla=round(new.mean, 4),
+                    previous_sla=round(old.mean, 4),
+                    diff_lower=round(stats.lower, 4),
+                )
         if s.version == self.champion:
             self.served.add(s.sla)
         arm = {self.champion: "champion", self.challenger: "challenger"}.get(s.version)

@@ -136,6 +136,20 @@ def test_judge_rolls_back_a_champion_promoted_by_hand() -> None:
     assert judge.watch is None
 
 
+def test_the_guardrail_clears_a_champion_as_good_as_the_old_one_after_its_window() -> None:
+    rng = np.random.default_rng(4)
+    judge = Judge(RULE, guardrail_window=50)
+    judge.versions("v1", None)
+    assert all(_feed(judge, rng, "v1", 0.9) is None for _ in range(200))
+    judge.versions("v2", None, previous="v1")
+    assert all(_feed(judge, rng, "v2", 0.9) is None for _ in range(49))
+    assert judge.watch is not None and not judge.cleared
+    assert _feed(judge, rng, "v2", 0.9) is None
+    assert judge.watch is None
+    [(version, stats)] = judge.cleared
+    assert version == "v2" and stats.n_challenger == 50 and stats.upper >= 0
+
+
 def test_judge_does_not_watch_a_champion_change_that_is_no_promotion() -> None:
     rng = np.random.default_rng(3)
     judge = Judge(RULE, guardrail_window=300)
