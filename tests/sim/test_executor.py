@@ -62,3 +62,33 @@ def test_every_request_is_answered_once_and_every_attempt_reports_start_and_end(
     assert len(outcomes) == 12 and all(o.arm == "fallback" for o in outcomes)
     done = [o for o in outcomes if o.end_s is not None]
     assert len(done) == 12 - sim.summary()["workflows_failed"]
+
+
+def test_every_placed_attempt_reports_its_end_when_its_workflow_fails() -> None:
+    """A workflow out of retries cancels its running and queued attempts: each placed attempt
+    still reports an end, or the evaluator would wait on it until its timeout."""
+    sc = small_scenario(workflows=30, node_failure_per_hour=2.0, transient=0.3)
+    sim = Simulator(sc, generate_workflows(sc, 1), seed=1, keep_log=True)
+    ex = SimExecutor(sim)
+    ex.heartbeats()
+    policy = make_policy("heft", 1)
+    placed: set[tuple[str, int, int]] = set()
+    while (batch := sim.advance()) is not None:
+        ex.events()
+        for d in policy.decide(sim, batch):
+            msg = ex.request(d.task)
+            decision = _decision(msg, ex.node_ids[d.node], d.cpu, d.mem)
+            if ex.apply(d.task, decision.model_copy(update={"max_retries": 0})):
+                placed.add((msg.workflow_id, msg.task, msg.attempt))
+        ex.events()
+    ex.events()
+    out = [m for _, _, m in ex.outbox]
+    started = {(m.workflow_id, m.task, m.attempt) for m in out if isinstance(m, TaskStartedMsg)}
+    ended = {
+        (m.workflow_id, m.task, m.attempt)
+        for m in out
+        if isinstance(m, TaskFinishedMsg | TaskFailedMsg)
+    }
+    assert sim.summary()["workflows_failed"] >= 10
+    assert any(isinstance(m, TaskFailedMsg) and m.reason == "cancelled" for m in out)
+    assert started <= ended and placed == ended
