@@ -456,6 +456,7 @@ def main() -> None:
         finetune=ft,
         evaluator=ev,
         explore_share=args.explore_share,
+        holdback_share=s.daemon.holdback_share,
         replace_challenger=args.replace_challenger,
         keep_learning=args.keep_learning,
         min_rounds=args.min_rounds,

@@ -68,6 +68,11 @@ class DaemonSettings(_Strict):
     # (learner.keep_learning), else by the challenger (the champion while there is none), for
     # the learner to learn from; never judged. 0: off
     explore_share: float = Field(default=0.0, ge=0, le=1)
+    # the holdback slice: workflows in the buckets after the exploration slice, served by the
+    # old champion (@holdback) while the guardrail watches the one the evaluator promoted, so
+    # that the guardrail compares the two in the same minutes. 0: off (the guardrail then
+    # compares with the old champion's record before the promotion)
+    holdback_share: float = Field(default=0.1, ge=0, le=1)
     reload_poll_s: float = Field(default=5.0, gt=0)
     view_wait_ms: float = Field(default=250.0, ge=0, le=10_000)  # for events up to a request's `at`
     grace_s: float = Field(default=10.0, gt=0)

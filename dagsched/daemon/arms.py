@@ -8,10 +8,11 @@ serving's shapes (`daemon.warmup`) and parked; the batch loop swaps it in betwee
 (`swap`), so its first batch is decided at its warm speed. A version that fails its checks is
 refused and the current one keeps serving; an unreachable registry keeps the loaded model.
 
-Three aliases are watched: `champion` and `challenger` serve the A/B arms; `shadow` (the
+Four aliases are watched: `champion` and `challenger` serve the A/B arms; `shadow` (the
 learner's latest version while a challenger is under test, `learner.keep_learning`) serves
 only the exploration slice, and only while it is of the serving champion's lineage (its
-`parent` tag, read when it is loaded, names that champion).
+`parent` tag, read when it is loaded, names that champion); `holdback` (the old champion
+while the guardrail watches a new one) serves the holdback slice.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from dagsched.settings import Settings
 
 log = structlog.get_logger(__name__)
 
-ARMS = ("champion", "challenger")
+ARMS = ("champion", "challenger", "holdback")
 ALIASES = (*ARMS, "shadow")  # what `check` watches; the shadow serves the explore arm only
 Loaded = tuple[str, Scheduler]
 Loader = Callable[[Settings, str], "Loaded | None"]
@@ -87,7 +88,8 @@ class Models:
     def pick(self, task_key: str, attempt: int) -> str:
         """The arm for a task, stable by workflow id (every task and attempt of a workflow
         goes to the same arm): a `challenger_share` slice of workflows when a challenger
-        serves, then an `explore_share` slice ("explore"), else the champion."""
+        serves, then an `explore_share` slice ("explore"), then a `holdback_share` slice
+        when an old champion is held back, else the champion."""
         del attempt
         if self.serving["champion"] is None:
             return "fallback"
@@ -95,8 +97,11 @@ class Models:
         bucket = workflow_bucket(task_key.rsplit("/", 1)[0])
         if self.serving["challenger"] is not None and bucket < d.challenger_share:
             return "challenger"
-        if d.challenger_share <= bucket < d.challenger_share + d.explore_share:
+        held = d.challenger_share + d.explore_share  # where the holdback slice starts
+        if d.challenger_share <= bucket < held:
             return "explore"
+        if self.serving["holdback"] is not None and held <= bucket < held + d.holdback_share:
+            return "holdback"
         return "champion"
 
     def scheduler(self, arm: str) -> Scheduler:

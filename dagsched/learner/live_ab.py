@@ -69,7 +69,7 @@ def workflow_speed(jct_s: float, deadline_s: float, failed: bool) -> float:
 # the arms no test counts: the daemon's fallback heuristic, the exploration slice's sampling
 UNJUDGED_ARMS = ("fallback", "explore")
 # the arms the serving version did not serve (the fallback heuristic serves in its stead)
-NOT_SERVING_ARMS = ("challenger", "explore")
+NOT_SERVING_ARMS = ("challenger", "explore", "holdback")
 
 
 @dataclass
@@ -175,22 +175,45 @@ class WorkflowOutcomes:
         )
 
 
-Action = tuple[str, Verdict]  # ("promote" | "retire" | "rollback", why)
-# The guardrail judges a new champion only once this many of its workflows have finished. At
-# one, a single late workflow of a version as good as the old one looked significant (the
-# normal bound on a one-sample mean): in simulation, 6.5% of hand promotions of an identical
-# version were rolled back at an SLA of 0.95, 16% at 0.85; from ten, 0.65% and 0.1%, while a
-# version at SLA 0.5 is still rolled back every time, after ~35 workflows instead of ~19
-# (docs/concepts/learning.md, "The evaluator").
+Action = tuple[str, Verdict]  # ("promote" | "retire" | "rollback" | "clear", why)
+# The guardrail judges a new champion only once this many of its workflows have finished, and
+# compares it with the holdback slice only once that has as many. At one, a single late
+# workflow of a version as good as the old one looked significant (the normal bound on a
+# one-sample mean): in simulation, 6.5% of hand promotions of an identical version were rolled
+# back at an SLA of 0.95, 16% at 0.85; from ten, 0.65% and 0.1%, while a version at SLA 0.5 is
+# still rolled back every time, after ~35 workflows instead of ~19 (docs/concepts/learning.md,
+# "The evaluator").
 GUARDRAIL_MIN_SAMPLES = 10
+HOLDBACK_ARM = "holdback"
+
+
+@dataclass
+class Watch:
+    """The guardrail on a new champion: its SLA against the old champion's. The baseline is
+    the holdback slice the old champion serves in the same minutes once that has
+    `GUARDRAIL_MIN_SAMPLES` workflows, else the old champion's record before the promotion
+    (which a world that slows or speeds up meanwhile biases)."""
+
+    version: str
+    previous: str | None
+    before: Running
+    new: Running = field(default_factory=Running)
+    holdback: Running = field(default_factory=Running)
+
+    def baseline(self) -> tuple[Running, str]:
+        if self.holdback.n >= GUARDRAIL_MIN_SAMPLES:
+            return self.holdback, "its holdback slice"
+        return self.before, "its record before the promotion"
 
 
 class Judge:
     """The A/B test between the current champion and challenger versions, and the guardrail
-    that watches a freshly promoted champion against the one it replaced: after the test
-    promoted it (`promoted`), or after a promotion by hand (`versions` sees the champion
-    change with the old one as `previous`; the baseline is then the old champion's SLA over
-    every workflow it served while this judge watched).
+    that watches a freshly promoted champion against the one it replaced (`Watch`): after the
+    test promoted it (`promoted`), or after a promotion by hand (`versions` sees the champion
+    change with the old one as `previous`; the record before is then the old champion's SLA
+    over every workflow it served while this judge watched). The guardrail rolls the new
+    champion back when it is significantly worse, and clears it ("clear": its holdback slice
+    can end) after `guardrail_window` of its workflows.
 
     With a `canary` rule the test promotes nothing: it is the challenger slice's
     non-inferiority guardrail (`learner.canary`), which retires a challenger whose slice is
@@ -206,7 +229,7 @@ class Judge:
         self.challenger: str | None = None
         self.test = ABTest(rule)
         self.canary: CanaryCheck | None = None  # the canary after the last challenger sample
-        self.watch: tuple[str, Running, Running] | None = None  # (new champion, old, new)
+        self.watch: Watch | None = None
         self.cleared: list[tuple[str, MetricStats]] = []  # champions whose guardrail ended clean
         self.served = Running()  # SLA of every workflow the current champion served
 
@@ -221,9 +244,9 @@ class Judge:
             if (
                 handmade
                 and champion is not None
-                and (self.watch is None or self.watch[0] != champion)
+                and (self.watch is None or self.watch.version != champion)
             ):
-                self.watch = (champion, self.served, Running())
+                self.watch = Watch(champion, previous, self.served)
             self.served = Running()
         if (champion, challenger) != (self.champion, self.challenger):
             self.champion, self.challenger = champion, challenger
@@ -234,34 +257,25 @@ class Judge:
         """Start the guardrail: the old champion's SLA so far against the new one's."""
         old = self.test.arms["champion"]["sla"]
         if self.challenger is not None:
-            self.watch = (self.challenger, old, Running())
+            self.watch = Watch(self.challenger, self.champion, old)
 
     def add(self, s: Sample) -> Action | None:
-        if self.watch is not None and s.version == self.watch[0]:
-            version, old, new = self.watch
-            new.add(s.sla)
-            stats = compare(old, new, self.rule.tau["sla"], self.rule.alpha, self.rule.var_floor)
-            if new.n >= GUARDRAIL_MIN_SAMPLES and stats.upper < 0:
-                self.watch = None
-                text = f"guardrail: SLA of {version} significantly below the previous champion"
-                return "rollback", Verdict("retire", text, self.rule.describe(), {"sla": stats})
-            if new.n >= self.guardrail_window:
-                self.watch = None
-                self.cleared.append((version, stats))
-                log.info(
-                    "evaluator.guardrail_cleared",
-                    version=version,
-                    workflows=new.n,
-                    sla=round(new.mean, 4),
-                    previous_sla=round(old.mean, 4),
-                    diff_lower=round(stats.lower, 4),
-                )
+        w = self.watch
+        if w is not None and s.arm == HOLDBACK_ARM:
+            if s.version == w.previous:
+                w.holdback.add(s.sla)
+            return None
+        guard = self._guard(w, s) if w is not None and s.version == w.version else None
+        if guard is not None and guard[0] == "rollback":
+            return guard
         if s.version == self.champion:
             self.served.add(s.sla)
         arm = {self.champion: "champion", self.challenger: "challenger"}.get(s.version)
         if arm is None or self.challenger is None:
-            return None
+            return guard
         self.test.add(arm, s.sla, s.reward, s.speed, s.covariates)
+        if guard is not None:
+            return guard  # the test's verdict waits for its next sample
         if self.canary_rule is not None:
             self.canary = check(self.test, self.canary_rule)
             if self.canary.status == "worse":
@@ -275,6 +289,38 @@ class Judge:
             return None  # the test is valid at any time; checking every 10th sample is cheaper
         v = self.test.verdict()
         return (v.decision, v) if v.decision != "continue" else None
+
+    def _guard(self, w: Watch, s: Sample) -> Action | None:
+        """One of the watched champion's workflows: roll it back, clear it, or go on."""
+        w.new.add(s.sla)
+        old, against = w.baseline()
+        stats = compare(old, w.new, self.rule.tau["sla"], self.rule.alpha, self.rule.var_floor)
+        if w.new.n >= GUARDRAIL_MIN_SAMPLES and stats.upper < 0:
+            self.watch = None
+            text = (
+                f"guardrail: SLA of {w.version} significantly below the previous champion's "
+                f"({against})"
+            )
+            return "rollback", Verdict("retire", text, self.rule.describe(), {"sla": stats})
+        if w.new.n < self.guardrail_window:
+            return None
+        self.watch = None
+        self.cleared.append((w.version, stats))
+        log.info(
+            "evaluator.guardrail_cleared",
+            version=w.version,
+            against=against,
+            workflows=w.new.n,
+            holdback_workflows=w.holdback.n,
+            sla=round(w.new.mean, 4),
+            previous_sla=round(old.mean, 4),
+            diff_lower=round(stats.lower, 4),
+        )
+        text = (
+            f"guardrail: {w.version} no worse than the previous champion ({against}) over "
+            f"{w.new.n} workflows"
+        )
+        return "clear", Verdict("promote", text, self.rule.describe(), {"sla": stats})
 
 
 class Lease:

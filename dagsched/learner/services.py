@@ -630,6 +630,8 @@ class EvaluatorService:
     def _act(self, action: str, verdict: Any) -> None:
         stats = verdict.to_dict()
         version = (self.judge.challenger or "").removeprefix("v")
+        if action == "clear":  # the guardrail's: the champion it watched
+            version = self.judge.cleared[-1][0].removeprefix("v")
         record: dict[str, Any] = {
             "action": action,
             "version": version,
@@ -637,7 +639,7 @@ class EvaluatorService:
             "workflows_judged": self.samples,
             "workflows_with_covariates": self.recording.outcomes.with_covariates,
         }
-        if self.gate is not None and action != "rollback":
+        if self.gate is not None and action in ("promote", "retire"):
             # the audit keeps the replay's verdict, its statistics and fidelity, and the canary
             last = [r for p, r in self.gate.reports if p[1] == self.judge.challenger]
             record["judge"] = "replay"
@@ -651,8 +653,11 @@ class EvaluatorService:
         lineage = (self.judge.champion or "").removeprefix("v")  # the test's champion
         try:
             if action == "promote":
-                self.promoter.promote(version, verdict.reason, self.actor, stats)
+                holdback = self.settings.daemon.holdback_share > 0
+                self.promoter.promote(version, verdict.reason, self.actor, stats, holdback)
                 self.judge.promoted()
+            elif action == "clear":
+                self.promoter.clear(version, verdict.reason, self.actor, stats)
             elif action == "retire":
                 self.promoter.retire(version, verdict.reason, self.actor, stats)
             elif action == "rollback":

@@ -87,6 +87,9 @@ class LoopConfig:
     # the champion while there is none, with sampled actions: the learner's exploration. Not
     # judged; when > 0 the learner fine-tunes on these workflows' attempts only
     explore_share: float = 0.0
+    # share of workflows (the buckets after the exploration slice's) the old champion serves
+    # while the guardrail watches the one the evaluator promoted (daemon.holdback_share)
+    holdback_share: float = 0.0
     # learner.keep_learning in the services (docs/concepts/learning.md): while a
     # challenger is under test, due rounds go on improving a shadow of the champion, which
     # serves the exploration slice (so what the learner learns from stays on-policy); when
@@ -118,7 +121,7 @@ class LoopEvent:
     """A round registered, a verdict (with its statistics), at simulated time `at_s`."""
 
     at_s: float
-    kind: str  # "round" | "promote" | "retire" | "rollback"
+    kind: str  # "round" | "promote" | "retire" | "rollback" | "clear" | "challenger"
     version: str
     champion: str  # the champion after the event
     detail: dict[str, Any] = field(default_factory=dict)
@@ -138,6 +141,7 @@ class SimLoop:
         self.challenger: str | None = None
         self.shadow: str | None = None  # keep_learning: the learner's latest, not under test
         self.previous: str | None = None
+        self.holdback: str | None = None  # the old champion, while the guardrail watches
         self.window: deque[Joined] = deque(maxlen=cfg.window)
         self.completed = 0
         ev = cfg.evaluator
@@ -225,13 +229,15 @@ class SimLoop:
         return sorted(self.workflows.values(), key=lambda w: w.arrival_s)
 
     def arm_of(self, workflow_id: str) -> str:
-        """The arm serving a task of this workflow now (the daemon's `Models.pick`, plus the
-        exploration slice)."""
+        """The arm serving a task of this workflow now (the daemon's `Models.pick`)."""
         bucket, share = workflow_bucket(workflow_id), self.cfg.share
         if self.challenger is not None and bucket < share:
             return "challenger"
-        if share <= bucket < share + self.cfg.explore_share:
+        held = share + self.cfg.explore_share
+        if share <= bucket < held:
             return "explore"
+        if self.holdback is not None and held <= bucket < held + self.cfg.holdback_share:
+            return "holdback"
         return "champion"
 
     def _server(self, arm: str) -> tuple[str, GNNScheduler]:
@@ -240,6 +246,9 @@ class SimLoop:
             version = self.shadow
         elif arm == "champion" or (arm == "explore" and self.challenger is None):
             version = self.champion
+        elif arm == "holdback":
+            assert self.holdback is not None
+            version = self.holdback
         else:
             assert self.challenger is not None
             version = self.challenger
@@ -370,11 +379,13 @@ class SimLoop:
             self.act(now, "promote", verdict)
 
     def act(self, now: float, action: str, verdict: Any) -> None:
-        """Apply an evaluator verdict ("promote", "retire", "rollback") at simulated `now`."""
+        """Apply an evaluator verdict ("promote", "retire", "rollback", "clear") at simulated
+        `now`."""
         detail = verdict.to_dict()
         version = self.challenger or ""
         if action == "promote" and self.challenger is not None:
             self.previous, self.champion = self.champion, self.challenger
+            self.holdback = self.previous if self.cfg.holdback_share > 0 else None
             self._chain = 0
             self.judge.promoted()
             self.challenger = None
@@ -382,10 +393,15 @@ class SimLoop:
             self.challenger = None
         elif action == "rollback":
             version = self.champion
+            self.holdback = None
             if self.previous is None:
                 detail["error"] = "no previous champion to roll back to"
             else:
                 self.champion, self.previous = self.previous, None
+        elif action == "clear":
+            version, self.holdback = self.champion, None
+            self.events.append(LoopEvent(now, action, version, self.champion, detail))
+            return
         self.judge.versions(self.champion, self.challenger)
         self.events.append(LoopEvent(now, action, version, self.champion, detail))
         if self.shadow is not None and self.challenger is None and action != "rollback":
@@ -404,6 +420,7 @@ class SimLoop:
         self.versions[version] = GNNScheduler(sched.model, sched.normalizer, version)
         self.parent[version] = self.champion
         self.previous, self.champion = self.champion, version
+        self.holdback = None  # by hand: no holdback (the guardrail uses the record before)
         self._chain = 0
         self.judge.versions(self.champion, self.challenger, previous=self.previous)
         self.events.append(LoopEvent(now, "promote", version, self.champion, {"by": by}))

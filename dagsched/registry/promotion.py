@@ -3,7 +3,9 @@
 Order matters. The candidate is loaded and verified first (checksums + smoke inference); a
 version that fails is refused before any alias moves, so the champion keeps serving. Then
 `previous` is pointed at the old champion, and `champion` at the new one: that single alias
-move is the switch every daemon sees. The audit record (who or what, when, why, the
+move is the switch every daemon sees. A promotion with a holdback also points `holdback` at
+the old champion, which then serves the daemons' holdback slice until the guardrail clears
+the new one (`clear`) or rolls it back. The audit record (who or what, when, why, the
 statistics) is an MLflow run in the `<experiment>-audit` experiment, tagged on the version too.
 Last, a JSON notice on the Redis channel `model_channel(settings)` makes daemons reload now
 (they also poll, so a lost notice only delays the switch by `daemon.reload_poll_s`).
@@ -20,7 +22,7 @@ import structlog
 
 from dagsched.registry.errors import RegistryError
 from dagsched.registry.serving import model_channel
-from dagsched.registry.store import CHALLENGER, CHAMPION, PREVIOUS, SHADOW, Registry
+from dagsched.registry.store import CHALLENGER, CHAMPION, HOLDBACK, PREVIOUS, SHADOW, Registry
 from dagsched.settings import Settings
 
 log = structlog.get_logger(__name__)
@@ -57,9 +59,16 @@ class Promoter:
         self.notify = notify or redis_notifier(s, model_channel(s))
 
     def promote(
-        self, version: str, reason: str, actor: str, stats: dict[str, Any] | None = None
+        self,
+        version: str,
+        reason: str,
+        actor: str,
+        stats: dict[str, Any] | None = None,
+        holdback: bool = False,
     ) -> dict[str, Any]:
-        """Make `version` the champion; RegistryError (nothing moves) if it fails its checks."""
+        """Make `version` the champion; RegistryError (nothing moves) if it fails its checks.
+        With `holdback` the old champion keeps serving the holdback slice (any earlier
+        holdback ends either way)."""
         reg = self.registry
         old = reg.alias_version(CHAMPION)
         if old == version:
@@ -67,6 +76,10 @@ class Promoter:
         reg.load(version)  # raises RegistryError: refused, nothing moves
         if old is not None:
             reg.set_alias(PREVIOUS, old)
+        if holdback and old is not None:
+            reg.set_alias(HOLDBACK, old)  # before the switch: no minute without a baseline
+        else:
+            reg.delete_alias(HOLDBACK)
         reg.set_alias(CHAMPION, version)  # the switch
         if reg.alias_version(CHALLENGER) == version:
             reg.client.delete_registered_model_alias(reg.name, CHALLENGER)
@@ -85,9 +98,18 @@ class Promoter:
         reg.load(prev)
         reg.set_alias(CHAMPION, prev)  # the switch
         reg.client.delete_registered_model_alias(reg.name, PREVIOUS)
+        reg.delete_alias(HOLDBACK)  # it served the version that now serves everything
         if old is not None:
             reg.client.set_model_version_tag(reg.name, old, "rolled_back", "true")
         return self._record("rollback", prev, old, reason, actor, stats)
+
+    def clear(self, version: str, reason: str, actor: str, stats: dict[str, Any]) -> None:
+        """The guardrail found champion `version` no worse than the one it replaced: the
+        holdback slice ends (its workflows go to the champion) and why is recorded."""
+        reg = self.registry
+        held = reg.alias_version(HOLDBACK)
+        reg.delete_alias(HOLDBACK)
+        self._record("clear", version, held, reason, actor, stats)
 
     def retire(self, version: str, reason: str, actor: str, stats: dict[str, Any]) -> None:
         """Take the challenger alias off `version` and record why."""

@@ -33,6 +33,9 @@ CHAMPION, CHALLENGER, PREVIOUS = "champion", "challenger", "previous"
 # the learner's latest version while a challenger is under test (`learner.keep_learning`):
 # serves the exploration slice, and is the next challenger once the test ends
 SHADOW = "shadow"
+# the old champion while the guardrail watches the one that replaced it: serves the holdback
+# slice (`daemon.holdback_share`), the guardrail's baseline in the same minutes
+HOLDBACK = "holdback"
 BUNDLE_PATH = "bundle"
 
 
@@ -226,6 +229,7 @@ class Registry:
 __all__ = [
     "CHALLENGER",
     "CHAMPION",
+    "HOLDBACK",
     "PREVIOUS",
     "SHADOW",
     "Registry",

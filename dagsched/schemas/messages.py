@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 SCHEMA_VERSION = 1
 
 TaskTypeName = Literal["cpu", "io", "gpu", "mem"]
-Arm = Literal["champion", "challenger", "explore", "fallback"]
+Arm = Literal["champion", "challenger", "explore", "fallback", "holdback"]
 FailureReason = Literal["oom", "transient", "node_down", "cancelled"]
 
 Id = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:/#@+-]+$")]

@@ -12,13 +12,14 @@ from typing import Any
 import torch
 
 from dagsched.daemon.replay import Replay, ReplayConfig
+from dagsched.learner.live_ab import Sample
 from dagsched.learner.services import EvaluatorService
 from dagsched.policy.bundle import load_bundle, save_bundle
 from dagsched.policy.model import ActorCritic
 from dagsched.registry.promotion import Promoter, audit_trail
-from dagsched.registry.store import CHALLENGER, CHAMPION, SHIPPED_CHAMPION, Registry
+from dagsched.registry.store import CHALLENGER, CHAMPION, HOLDBACK, SHIPPED_CHAMPION, Registry
 from dagsched.settings import Settings
-from tests.daemon.conftest import wait_for
+from tests.daemon.conftest import register_version, wait_for
 
 WORKFLOWS = 120
 # A batch whose view lags the event that made its task ready waits up to `view_wait_ms` (250 ms
@@ -139,7 +140,7 @@ async def test_the_replay_judge_promotes_once_the_canary_is_clean(
         }
     )
     trained = load_bundle(SHIPPED_CHAMPION, "shipped").model
-    verdicts, reg, _v1, v2, daemon = await _ab(s, _sabotaged(), trained, start_daemon, 200)
+    verdicts, reg, v1, v2, daemon = await _ab(s, _sabotaged(), trained, start_daemon, 200)
     first = verdicts[0]
     assert first["action"] == "promote" and first["version"] == v2, first
     assert first["judge"] == "replay" and first["reason"].startswith("replay: challenger better")
@@ -158,6 +159,33 @@ async def test_the_replay_judge_promotes_once_the_canary_is_clean(
     kept = json.loads(Path(path).read_text())
     assert kept["stats"]["replay"]["fidelity"] == replay["fidelity"]  # the audit keeps the verdict
     await daemon.until_serving("champion", f"v{v2}")
+    # the old champion serves the holdback slice while the guardrail watches the new one
+    assert reg.alias_version(HOLDBACK) == v1
+    await daemon.until_serving("holdback", f"v{v1}")
+
+
+async def test_a_guardrail_that_clears_ends_the_holdback(settings: Settings, champion: Registry):
+    s = settings.model_copy(
+        update={"evaluator": settings.evaluator.model_copy(update={"guardrail_window": 20})}
+    )
+    reg = champion
+    v1 = reg.alias_version(CHAMPION)
+    v2 = await asyncio.to_thread(register_version, reg, "the new champion")
+    await asyncio.to_thread(Promoter(reg).promote, v2, "by hand", "tester", None, True)
+    verdicts: list[dict[str, Any]] = []
+    evaluator = EvaluatorService(s, verdicts.append)
+    evaluator.judge.versions(f"v{v1}", None)
+    evaluator.judge.versions(f"v{v2}", None, previous=f"v{v1}")
+    held = [Sample(f"h{i}", "holdback", f"v{v1}", 1.0, 0.0, 0.5) for i in range(10)]
+    new = [Sample(f"c{i}", "champion", f"v{v2}", 1.0, 0.0, 0.5) for i in range(20)]
+    assert not any(evaluator.judge.add(x) for x in held + new[:-1])
+    action = evaluator.judge.add(new[-1])
+    assert action is not None and action[0] == "clear"
+    await asyncio.to_thread(evaluator._act, *action)
+    assert [(v["action"], v["version"]) for v in verdicts] == [("clear", v2)]
+    assert "error" not in verdicts[0] and "holdback slice" in verdicts[0]["reason"]
+    assert reg.alias_version(HOLDBACK) is None and reg.alias_version(CHAMPION) == v2
+    assert [a["action"] for a in audit_trail(reg, v2)] == ["promote", "clear"]
 
 
 def _sabotaged() -> ActorCritic:

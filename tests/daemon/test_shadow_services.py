@@ -25,6 +25,7 @@ from dagsched.registry.promotion import audit_trail
 from dagsched.registry.store import (
     CHALLENGER,
     CHAMPION,
+    HOLDBACK,
     PREVIOUS,
     SHADOW,
     SHIPPED_CHAMPION,
@@ -234,7 +235,10 @@ async def test_the_shadow_is_the_next_challenger_when_a_test_ends(
         assert reg.aliases() == {CHAMPION: champion, CHALLENGER: shadow}
         assert _tags(reg, shadow)["parent"] == champion
         return
-    assert reg.aliases() == {CHAMPION: chall, PREVIOUS: champion, CHALLENGER: shadow}
+    # the old champion serves the holdback slice while the guardrail watches the new one
+    assert reg.aliases() == {
+        CHAMPION: chall, PREVIOUS: champion, CHALLENGER: shadow, HOLDBACK: champion
+    }  # fmt: skip
     # re-parented onto the new champion: the learner goes on from it, daemons may serve it
     tags = _tags(reg, shadow)
     assert tags["parent"] == chall and tags["reparented_from"] == champion

@@ -144,10 +144,49 @@ def test_the_guardrail_clears_a_champion_as_good_as_the_old_one_after_its_window
     judge.versions("v2", None, previous="v1")
     assert all(_feed(judge, rng, "v2", 0.9) is None for _ in range(49))
     assert judge.watch is not None and not judge.cleared
-    assert _feed(judge, rng, "v2", 0.9) is None
+    assert _feed(judge, rng, "v2", 0.9) == "clear"
     assert judge.watch is None
     [(version, stats)] = judge.cleared
     assert version == "v2" and stats.n_challenger == 50 and stats.upper >= 0
+
+
+def _holdback(judge: Judge, rng: np.random.Generator, version: str, p: float) -> str | None:
+    met = float(rng.random() < p)
+    action = judge.add(Sample("wf", "holdback", version, met, -0.5, 0.5))
+    return action[0] if action else None
+
+
+def _watched_in_a_world_that_slows(holdback: bool, new_sla: float) -> list[str]:
+    """v1 meets 90% of deadlines, v2 is promoted by hand, then the world slows: the old
+    champion, in its holdback slice, meets 60%. The actions the guardrail takes."""
+    rng = np.random.default_rng(5)
+    judge = Judge(RULE, guardrail_window=300)
+    judge.versions("v1", None)
+    assert all(_feed(judge, rng, "v1", 0.9) is None for _ in range(300))
+    judge.versions("v2", None, previous="v1")
+    actions = []
+    for i in range(300):
+        if holdback and i % 4 == 0:
+            actions.append(_holdback(judge, rng, "v1", 0.6))
+        actions.append(_feed(judge, rng, "v2", new_sla))
+    return [a for a in actions if a]
+
+
+def test_the_holdback_slice_keeps_a_slowing_world_from_rolling_back_a_good_champion() -> None:
+    assert _watched_in_a_world_that_slows(holdback=False, new_sla=0.6) == ["rollback"]
+    assert _watched_in_a_world_that_slows(holdback=True, new_sla=0.6) == ["clear"]
+    # a champion worse than the holdback in the same minutes is still rolled back
+    assert _watched_in_a_world_that_slows(holdback=True, new_sla=0.3) == ["rollback"]
+
+
+def test_holdback_workflows_of_another_version_are_not_the_baseline() -> None:
+    rng = np.random.default_rng(6)
+    judge = Judge(RULE, guardrail_window=300)
+    judge.versions("v1", None)
+    judge.versions("v2", None, previous="v1")
+    assert all(_holdback(judge, rng, "v7", 0.9) is None for _ in range(50))
+    assert judge.watch is not None and judge.watch.holdback.n == 0
+    assert judge.test.arms["champion"]["sla"].n == 0 and judge.served.n == 0
 
 
 def test_judge_does_not_watch_a_champion_change_that_is_no_promotion() -> None:

@@ -130,13 +130,33 @@ def test_split_matches_the_daemon_and_verdicts_move_the_versions(
     verdict = Verdict("promote", "better", "rule", {})
     loop.act(10.0, "promote", verdict)
     assert (loop.champion, loop.previous, loop.challenger) == ("v2", "v1", None)
-    assert loop.judge.watch is not None and loop.judge.watch[0] == "v2"
+    assert loop.judge.watch is not None and loop.judge.watch.version == "v2"
     loop.act(20.0, "rollback", Verdict("retire", "guardrail", "rule", {}))
     assert (loop.champion, loop.previous) == ("v1", None)
     assert [(e.kind, e.version, e.champion) for e in loop.events] == [
         ("promote", "v2", "v2"),
         ("rollback", "v2", "v1"),
     ]
+
+
+def test_the_old_champion_serves_the_holdback_slice_until_the_guardrail_clears(
+    champion: GNNScheduler,
+) -> None:
+    loop = SimLoop(champion, LoopConfig(share=0.3, holdback_share=0.2))
+    ids = [f"wf-{i:07d}" for i in range(400)]
+    loop.versions["v2"] = champion
+    loop.parent["v2"] = "v1"
+    loop.challenger = "v2"
+    loop.judge.versions("v1", "v2")
+    assert "holdback" not in {loop.arm_of(i) for i in ids}  # nothing held back yet
+    loop.act(10.0, "promote", Verdict("promote", "better", "rule", {}))
+    held = [i for i in ids if loop.arm_of(i) == "holdback"]
+    assert held == [i for i in ids if 0.3 <= workflow_bucket(i) < 0.5]
+    assert loop._server("holdback")[0] == "v1" and loop._server("champion")[0] == "v2"
+    loop.act(20.0, "clear", Verdict("promote", "guardrail: no worse", "rule", {}))
+    assert loop.holdback is None and loop.champion == "v2"
+    assert "holdback" not in {loop.arm_of(i) for i in ids}
+    assert [(e.kind, e.version) for e in loop.events] == [("promote", "v2"), ("clear", "v2")]
 
 
 def test_the_exploration_slice_samples_feeds_the_learner_and_is_not_judged(

@@ -16,7 +16,7 @@ from dagsched.policy.normalizer import FeatureNormalizer
 from dagsched.registry.errors import RegistryError
 from dagsched.registry.promotion import Promoter, audit_trail
 from dagsched.registry.serving import model_channel
-from dagsched.registry.store import CHALLENGER, CHAMPION, PREVIOUS, SHADOW, Registry
+from dagsched.registry.store import CHALLENGER, CHAMPION, HOLDBACK, PREVIOUS, SHADOW, Registry
 from dagsched.settings import load_settings
 from tests.conftest import clone_mlflow_home
 
@@ -72,6 +72,33 @@ def test_promote_moves_aliases_audits_and_notifies(
     with pytest.raises(RegistryError, match="no previous"):
         Promoter(registry).rollback("again", "tester")
     sub.close()
+
+
+def test_a_holdback_serves_the_old_champion_until_cleared_or_rolled_back(
+    registry: Registry, tmp_path: Path, normalizer: FeatureNormalizer
+) -> None:
+    notices: list[str] = []
+    promoter = Promoter(registry, notify=notices.append)
+    v1 = _register(registry, tmp_path / "b1", 1, normalizer)
+    v2 = _register(registry, tmp_path / "b2", 2, normalizer)
+    v3 = _register(registry, tmp_path / "b3", 3, normalizer)
+    promoter.promote(v2, "replay win", "evaluator", holdback=True)
+    assert registry.aliases() == {CHAMPION: v2, PREVIOUS: v1, HOLDBACK: v1}
+    promoter.clear(v2, "guardrail: no worse", "evaluator", {"sla": {"diff": 0.0}})
+    assert registry.aliases() == {CHAMPION: v2, PREVIOUS: v1}
+    assert json.loads(notices[-1]) == {"action": "clear", "version": v2, "from": v1}
+
+    promoter.promote(v3, "replay win", "evaluator", holdback=True)
+    assert registry.alias_version(HOLDBACK) == v2
+    promoter.rollback("guardrail: worse than its holdback slice", "evaluator")
+    assert registry.aliases() == {CHAMPION: v2}
+    promoter.promote(v3, "by hand", "operator")  # no holdback asked: none kept
+    assert registry.aliases() == {CHAMPION: v3, PREVIOUS: v2}
+    trail = [(r["action"], r["version"], r["from_version"]) for r in audit_trail(registry)]
+    assert trail == [
+        ("promote", v2, v1), ("clear", v2, v1), ("promote", v3, v2), ("rollback", v2, v3),
+        ("promote", v3, v2),
+    ]  # fmt: skip
 
 
 def test_tampered_version_is_refused_and_the_champion_keeps_serving(
