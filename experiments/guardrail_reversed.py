@@ -15,7 +15,11 @@ on a *reversed* reward, made champion by hand mid-run, rolled back by the judge'
 
     .venv/bin/python experiments/guardrail_reversed.py [--profile shift] [--workflows 600]
         [--promote-at 150] [--rounds 5] [--train-workflows 100] [--eval-seeds 2]
-        [--lr 5e-3] [--target-kl 1e9] [--json]
+        [--lr 5e-3] [--target-kl 1e9] [--holdback] [--judge ab] [--json]
+
+`--holdback` promotes as the evaluator does: the old champion keeps serving the holdback
+slice (`daemon.holdback_share`), and the guardrail compares with it in the same minutes.
+`--judge ab` leaves the replay judge out (the guardrail is the same, the run much faster).
 
 The defaults lift the KL limit that keeps a learner's round near its champion (0.2 in the
 loop): with it, 3 reversed rounds at 2e-3 made a version only 4 SLA points worse, which the
@@ -151,6 +155,10 @@ def parse() -> argparse.Namespace:
         action="store_true",
         help="the control: promote an identical copy of the champion instead (no fine-tuning)",
     )
+    ap.add_argument(
+        "--holdback", action="store_true", help="keep a holdback slice, as the evaluator does"
+    )
+    ap.add_argument("--judge", choices=("replay", "ab"), default="replay")
     ap.add_argument("--json", action="store_true", help="print one JSON object (the summary)")
     ap.add_argument("--out", type=Path, default=Path("experiments/results"))
     add_finetune_args(ap, lr=5e-3, credit="task-critic")
@@ -172,11 +180,13 @@ def main() -> int:
 
     sc = scenario(args.profile, args.workflows)
     at = [w.arrival_s for w in workload(sc, seed, args.workflows)][args.promote_at]
-    cfg = LoopConfig(learn=True, every_n=10**9, share=0.0, evaluator=settings.evaluator)
+    ev = settings.evaluator.model_copy(update={"judge": args.judge})
+    held_share = settings.daemon.holdback_share if args.holdback else 0.0
+    cfg = LoopConfig(learn=True, every_n=10**9, share=0.0, evaluator=ev, holdback_share=held_share)
     loop = SimLoop(champion, cfg, seed=seed)
     sim = loop.simulator(sc, workload(sc, seed, args.workflows), seed)
     loop.run(sim, until=at)
-    promoted = loop.promote_by_hand(bad, sim.now, by="bench (hand)")
+    promoted = loop.promote_by_hand(bad, sim.now, by="bench (hand)", holdback=args.holdback)
     results = loop.run(sim)
     arrivals = [w.arrival_s for w in workload(sc, seed, args.workflows)]
     events = events_doc(seed, loop.events, arrivals)
@@ -200,6 +210,8 @@ def main() -> int:
         "guardrail_window": settings.evaluator.guardrail_window,
         "within_window": judged is not None and judged <= settings.evaluator.guardrail_window,
         "rollback_reason": back["reason"] if back else None,
+        "holdback_workflows": sum(1 for w in results if w.arm == "holdback"),
+        "cleared": any(e["kind"] == "clear" for e in events),
         "held_out": held,
         "wall_s": round(time.perf_counter() - started, 1),
     }
@@ -212,7 +224,9 @@ def main() -> int:
         "events": events,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    name = "guardrail_copy" if args.copy else "guardrail_reversed"
+    name = ("guardrail_copy" if args.copy else "guardrail_reversed") + (
+        "_holdback" if args.holdback else ""
+    )
     (args.out / f"{name}.json").write_text(json.dumps(to_jsonable(doc), indent=2))
     plot(args.out / f"{name}.png", results, events, args.workflows)
     if args.json:

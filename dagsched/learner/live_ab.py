@@ -189,20 +189,24 @@ HOLDBACK_ARM = "holdback"
 
 @dataclass
 class Watch:
-    """The guardrail on a new champion: its SLA against the old champion's. The baseline is
-    the holdback slice the old champion serves in the same minutes once that has
-    `GUARDRAIL_MIN_SAMPLES` workflows, else the old champion's record before the promotion
-    (which a world that slows or speeds up meanwhile biases)."""
+    """The guardrail on a new champion: its SLA against the old champion's. While the old
+    champion serves a holdback slice (`held`), the baseline is that slice in the same minutes,
+    once it has `GUARDRAIL_MIN_SAMPLES` workflows (none before). Without one, or with too few
+    of its workflows when the window ends, it is the old champion's record before the
+    promotion, which a world that slows or speeds up meanwhile biases."""
 
     version: str
     previous: str | None
     before: Running
+    held: bool = False  # the old champion serves a holdback slice
     new: Running = field(default_factory=Running)
     holdback: Running = field(default_factory=Running)
 
-    def baseline(self) -> tuple[Running, str]:
+    def baseline(self, window_over: bool) -> tuple[Running, str] | None:
         if self.holdback.n >= GUARDRAIL_MIN_SAMPLES:
             return self.holdback, "its holdback slice"
+        if self.held and not window_over:
+            return None  # wait for the slice rather than judge on a moving world
         return self.before, "its record before the promotion"
 
 
@@ -234,11 +238,16 @@ class Judge:
         self.served = Running()  # SLA of every workflow the current champion served
 
     def versions(
-        self, champion: str | None, challenger: str | None, previous: str | None = None
+        self,
+        champion: str | None,
+        challenger: str | None,
+        previous: str | None = None,
+        holdback: str | None = None,
     ) -> None:
         """The registry's aliases now; a new pair restarts the test. A champion that replaced
         the current one, which is now `previous`, is a promotion: watched by the guardrail
-        (unless the test's own promotion already watches it)."""
+        (unless the test's own promotion already watches it). `holdback`: the version that
+        serves the holdback slice; the old champion's makes it the guardrail's baseline."""
         if champion != self.champion:
             handmade = previous is not None and previous == self.champion
             if (
@@ -252,6 +261,9 @@ class Judge:
             self.champion, self.challenger = champion, challenger
             self.test = ABTest(self.rule)
             self.canary = None
+        w = self.watch
+        if w is not None and holdback is not None and holdback == w.previous:
+            w.held = True
 
     def promoted(self) -> None:
         """Start the guardrail: the old champion's SLA so far against the new one's."""
@@ -293,7 +305,10 @@ class Judge:
     def _guard(self, w: Watch, s: Sample) -> Action | None:
         """One of the watched champion's workflows: roll it back, clear it, or go on."""
         w.new.add(s.sla)
-        old, against = w.baseline()
+        base = w.baseline(window_over=w.new.n >= self.guardrail_window)
+        if base is None:
+            return None
+        old, against = base
         stats = compare(old, w.new, self.rule.tau["sla"], self.rule.alpha, self.rule.var_floor)
         if w.new.n >= GUARDRAIL_MIN_SAMPLES and stats.upper < 0:
             self.watch = None

@@ -560,14 +560,16 @@ class EvaluatorService:
             await self._refresh()
 
     async def _refresh(self) -> None:
-        from dagsched.registry.store import CHALLENGER, CHAMPION, PREVIOUS
+        from dagsched.registry.store import CHALLENGER, CHAMPION, HOLDBACK, PREVIOUS
 
         reg = self.registry
-        champ, chall, prev = await asyncio.to_thread(
-            lambda: tuple(reg.alias_version(a) for a in (CHAMPION, CHALLENGER, PREVIOUS))
+        aliases = (CHAMPION, CHALLENGER, PREVIOUS, HOLDBACK)
+        champ, chall, prev, held = await asyncio.to_thread(
+            lambda: tuple(reg.alias_version(a) for a in aliases)
         )
         v = lambda x: f"v{x}" if x else None  # noqa: E731
-        self.judge.versions(v(champ), v(chall), v(prev))  # a promotion by hand is watched too
+        # a promotion by hand is watched too; a holdback slice is the guardrail's baseline
+        self.judge.versions(v(champ), v(chall), v(prev), v(held))
         if self.gate is not None:
             self.gate.versions(v(champ), v(chall))
 

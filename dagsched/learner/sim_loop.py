@@ -402,7 +402,7 @@ class SimLoop:
             version, self.holdback = self.champion, None
             self.events.append(LoopEvent(now, action, version, self.champion, detail))
             return
-        self.judge.versions(self.champion, self.challenger)
+        self.judge.versions(self.champion, self.challenger, holdback=self.holdback)
         self.events.append(LoopEvent(now, action, version, self.champion, detail))
         if self.shadow is not None and self.challenger is None and action != "rollback":
             # keep_learning: the test is over; the latest shadow is tested next
@@ -412,17 +412,21 @@ class SimLoop:
             self.judge.versions(self.champion, shadow)
             self.events.append(LoopEvent(now, "challenger", shadow, self.champion, {}))
 
-    def promote_by_hand(self, sched: GNNScheduler, now: float, by: str = "hand") -> str:
+    def promote_by_hand(
+        self, sched: GNNScheduler, now: float, by: str = "hand", holdback: bool = False
+    ) -> str:
         """`dagsched models promote` in the simulator: `sched` becomes a new version and the
         champion at once, the old champion `previous`; the judge's guardrail watches it, as
-        the evaluator does when the champion alias moves with the old one as `@previous`."""
+        the evaluator does when the champion alias moves with the old one as `@previous`.
+        By hand no holdback is kept; `holdback` keeps one as the evaluator's promotions do
+        (with `holdback_share` above 0)."""
         version = f"v{len(self.versions) + 1}"
         self.versions[version] = GNNScheduler(sched.model, sched.normalizer, version)
         self.parent[version] = self.champion
         self.previous, self.champion = self.champion, version
-        self.holdback = None  # by hand: no holdback (the guardrail uses the record before)
+        self.holdback = self.previous if holdback and self.cfg.holdback_share > 0 else None
         self._chain = 0
-        self.judge.versions(self.champion, self.challenger, previous=self.previous)
+        self.judge.versions(self.champion, self.challenger, self.previous, self.holdback)
         self.events.append(LoopEvent(now, "promote", version, self.champion, {"by": by}))
         return version
 

@@ -175,7 +175,7 @@ async def test_a_guardrail_that_clears_ends_the_holdback(settings: Settings, cha
     verdicts: list[dict[str, Any]] = []
     evaluator = EvaluatorService(s, verdicts.append)
     evaluator.judge.versions(f"v{v1}", None)
-    evaluator.judge.versions(f"v{v2}", None, previous=f"v{v1}")
+    evaluator.judge.versions(f"v{v2}", None, previous=f"v{v1}", holdback=f"v{v1}")
     held = [Sample(f"h{i}", "holdback", f"v{v1}", 1.0, 0.0, 0.5) for i in range(10)]
     new = [Sample(f"c{i}", "champion", f"v{v2}", 1.0, 0.0, 0.5) for i in range(20)]
     assert not any(evaluator.judge.add(x) for x in held + new[:-1])

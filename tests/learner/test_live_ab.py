@@ -163,7 +163,7 @@ def _watched_in_a_world_that_slows(holdback: bool, new_sla: float) -> list[str]:
     judge = Judge(RULE, guardrail_window=300)
     judge.versions("v1", None)
     assert all(_feed(judge, rng, "v1", 0.9) is None for _ in range(300))
-    judge.versions("v2", None, previous="v1")
+    judge.versions("v2", None, previous="v1", holdback="v1" if holdback else None)
     actions = []
     for i in range(300):
         if holdback and i % 4 == 0:
@@ -177,6 +177,22 @@ def test_the_holdback_slice_keeps_a_slowing_world_from_rolling_back_a_good_champ
     assert _watched_in_a_world_that_slows(holdback=True, new_sla=0.6) == ["clear"]
     # a champion worse than the holdback in the same minutes is still rolled back
     assert _watched_in_a_world_that_slows(holdback=True, new_sla=0.3) == ["rollback"]
+
+
+def test_with_a_holdback_the_guardrail_waits_for_its_slice_not_the_record_before() -> None:
+    rng = np.random.default_rng(7)
+    judge = Judge(RULE, guardrail_window=300)
+    judge.versions("v1", None)
+    assert all(_feed(judge, rng, "v1", 0.95) is None for _ in range(300))
+    judge.versions("v2", None, previous="v1", holdback="v1")
+    # far below the record before, and no holdback workflow has finished yet: no verdict
+    assert all(_feed(judge, rng, "v2", 0.3) is None for _ in range(100))
+    actions: list[str | None] = []
+    for _ in range(30):  # one holdback workflow in ten, as at `holdback_share` 0.1
+        actions.append(_holdback(judge, rng, "v1", 0.95))
+        actions += [_feed(judge, rng, "v2", 0.3) for _ in range(9)]
+    assert [a for a in actions if a] == ["rollback"]
+    assert actions.index("rollback") > 9 * 10  # judged once the slice had ten workflows
 
 
 def test_holdback_workflows_of_another_version_are_not_the_baseline() -> None:
