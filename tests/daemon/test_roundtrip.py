@@ -68,6 +68,7 @@ async def test_tasks_get_decisions_and_offsets_follow(
     assert health["status"] == "ok" and health["models"] == {
         "champion": "v1",
         "challenger": None,
+        "holdback": None,
         "shadow": None,
     }
 
