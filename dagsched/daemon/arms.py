@@ -30,7 +30,7 @@ from dagsched.daemon.warmup import warm_up
 from dagsched.policy.heuristic import LeastLoadedScheduler
 from dagsched.registry import serving
 from dagsched.registry.errors import RegistryError
-from dagsched.schemas.ab import workflow_bucket
+from dagsched.schemas.ab import slice_arm, workflow_bucket
 from dagsched.settings import Settings
 
 log = structlog.get_logger(__name__)
@@ -94,15 +94,14 @@ class Models:
         if self.serving["champion"] is None:
             return "fallback"
         d = self.settings.daemon
-        bucket = workflow_bucket(task_key.rsplit("/", 1)[0])
-        if self.serving["challenger"] is not None and bucket < d.challenger_share:
-            return "challenger"
-        held = d.challenger_share + d.explore_share  # where the holdback slice starts
-        if d.challenger_share <= bucket < held:
-            return "explore"
-        if self.serving["holdback"] is not None and held <= bucket < held + d.holdback_share:
-            return "holdback"
-        return "champion"
+        return slice_arm(
+            workflow_bucket(task_key.rsplit("/", 1)[0]),
+            d.challenger_share,
+            d.explore_share,
+            d.holdback_share,
+            challenger=self.serving["challenger"] is not None,
+            holdback=self.serving["holdback"] is not None,
+        )
 
     def scheduler(self, arm: str) -> Scheduler:
         if arm == "explore":

@@ -54,7 +54,7 @@ from dagsched.learner.replay_gate import ReplayGate, replay_verdict
 from dagsched.learner.replay_judge import config_from
 from dagsched.policy.model import ActorCritic
 from dagsched.policy.scheduler import GNNScheduler
-from dagsched.schemas.ab import workflow_bucket
+from dagsched.schemas.ab import slice_arm, workflow_bucket
 from dagsched.service_config import EvaluatorSettings, HeadSearchSettings
 from dagsched.sim.config import ScenarioConfig
 from dagsched.sim.reward import TaskOutcome
@@ -230,15 +230,15 @@ class SimLoop:
 
     def arm_of(self, workflow_id: str) -> str:
         """The arm serving a task of this workflow now (the daemon's `Models.pick`)."""
-        bucket, share = workflow_bucket(workflow_id), self.cfg.share
-        if self.challenger is not None and bucket < share:
-            return "challenger"
-        held = share + self.cfg.explore_share
-        if share <= bucket < held:
-            return "explore"
-        if self.holdback is not None and held <= bucket < held + self.cfg.holdback_share:
-            return "holdback"
-        return "champion"
+        c = self.cfg
+        return slice_arm(
+            workflow_bucket(workflow_id),
+            c.share,
+            c.explore_share,
+            c.holdback_share,
+            challenger=self.challenger is not None,
+            holdback=self.holdback is not None,
+        )
 
     def _server(self, arm: str) -> tuple[str, GNNScheduler]:
         """The version serving `arm`, and its scheduler (sampling, for the explore arm)."""
